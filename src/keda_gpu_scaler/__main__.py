@@ -1,0 +1,3 @@
+from keda_gpu_scaler.app.cli import main
+
+raise SystemExit(main())

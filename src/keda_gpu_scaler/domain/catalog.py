@@ -1,0 +1,210 @@
+"""The metric catalog: every metric type a trigger can name, its unit and where it comes from."""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from keda_gpu_scaler.domain.samples import GpuReading
+
+_MIB = 1 << 20
+
+
+class MetricType(enum.StrEnum):
+    """Trigger ``metricType`` values; the first fourteen keep the Go project's order."""
+
+    GPU_UTILIZATION = "gpu_utilization"
+    MEMORY_UTILIZATION = "memory_utilization"
+    MEMORY_USED_MIB = "memory_used_mib"
+    MEMORY_USED_PERCENT = "memory_used_percent"
+    TEMPERATURE = "temperature"
+    POWER_DRAW = "power_draw"
+    PCIE_TX_KBPS = "pcie_tx_kbps"
+    PCIE_RX_KBPS = "pcie_rx_kbps"
+    NVLINK_TX_MBPS = "nvlink_tx_mbps"
+    NVLINK_RX_MBPS = "nvlink_rx_mbps"
+    VLLM_QUEUE_DEPTH = "vllm_queue_depth"
+    VLLM_KV_CACHE_USAGE = "vllm_kv_cache_usage"
+    TRITON_QUEUE_WAIT_MS = "triton_queue_wait_ms"
+    TRITON_REQUEST_RATE = "triton_request_rate"
+    SM_ACTIVE = "sm_active"
+    SM_OCCUPANCY = "sm_occupancy"
+    TENSOR_ACTIVE = "tensor_active"
+    DRAM_BW_UTIL = "dram_bw_util"
+
+
+class Origin(enum.StrEnum):
+    """Which kind of sampler produces a metric."""
+
+    GPU = "gpu"
+    VLLM = "vllm"
+    TRITON = "triton"
+
+
+@dataclass(frozen=True, slots=True)
+class MetricInfo:
+    type: MetricType
+    unit: str
+    origin: Origin
+    source: str
+    description: str
+    read: Callable[[GpuReading], float | None] | None = None
+    """How a GPU reading yields this metric; None for engine metrics."""
+
+
+def _memory_used_mib(r: GpuReading) -> float | None:
+    if r.memory_used_bytes is None:
+        return None
+    return float(r.memory_used_bytes // _MIB)
+
+
+def _memory_used_percent(r: GpuReading) -> float | None:
+    # Computed on whole MiB, as the Go project does, so the same GPU gives the same number.
+    if r.memory_used_bytes is None or not r.memory_total_bytes:
+        return None
+    total_mib = r.memory_total_bytes // _MIB
+    if total_mib == 0:
+        return None
+    return (r.memory_used_bytes // _MIB) / total_mib * 100.0
+
+
+def _power_w(r: GpuReading) -> float | None:
+    return None if r.power_mw is None else r.power_mw / 1000.0
+
+
+def _gpu(
+    type_: MetricType,
+    unit: str,
+    source: str,
+    description: str,
+    read: Callable[[GpuReading], float | None],
+) -> MetricInfo:
+    return MetricInfo(type_, unit, Origin.GPU, source, description, read)
+
+
+CATALOG: dict[MetricType, MetricInfo] = {
+    info.type: info
+    for info in (
+        _gpu(
+            MetricType.GPU_UTILIZATION,
+            "percent",
+            "nvmlDeviceGetUtilizationRates.gpu",
+            "share of time one or more kernels ran",
+            lambda r: r.gpu_utilization,
+        ),
+        _gpu(
+            MetricType.MEMORY_UTILIZATION,
+            "percent",
+            "nvmlDeviceGetUtilizationRates.memory",
+            "share of time the memory controller was busy (not VRAM use)",
+            lambda r: r.memory_utilization,
+        ),
+        _gpu(
+            MetricType.MEMORY_USED_MIB,
+            "MiB",
+            "nvmlDeviceGetMemoryInfo (v1 used)",
+            "VRAM in use, driver-reserved memory included",
+            _memory_used_mib,
+        ),
+        _gpu(
+            MetricType.MEMORY_USED_PERCENT,
+            "percent",
+            "nvmlDeviceGetMemoryInfo (v1 used/total)",
+            "VRAM in use as a share of the total, on whole MiB",
+            _memory_used_percent,
+        ),
+        _gpu(
+            MetricType.TEMPERATURE,
+            "degrees C",
+            "nvmlDeviceGetTemperature(GPU)",
+            "GPU die temperature",
+            lambda r: r.temperature_c,
+        ),
+        _gpu(MetricType.POWER_DRAW, "W", "nvmlDeviceGetPowerUsage", "board power draw", _power_w),
+        _gpu(
+            MetricType.PCIE_TX_KBPS,
+            "KB/s",
+            "nvmlDeviceGetPcieThroughput(TX_BYTES)",
+            "PCIe bytes sent by the GPU",
+            lambda r: r.pcie_tx_kbps,
+        ),
+        _gpu(
+            MetricType.PCIE_RX_KBPS,
+            "KB/s",
+            "nvmlDeviceGetPcieThroughput(RX_BYTES)",
+            "PCIe bytes received by the GPU",
+            lambda r: r.pcie_rx_kbps,
+        ),
+        _gpu(
+            MetricType.NVLINK_TX_MBPS,
+            "MB/s",
+            "NVLink throughput counters (field values)",
+            "NVLink bytes sent, a rate over the sampling interval",
+            lambda r: r.nvlink_tx_mbps,
+        ),
+        _gpu(
+            MetricType.NVLINK_RX_MBPS,
+            "MB/s",
+            "NVLink throughput counters (field values)",
+            "NVLink bytes received, a rate over the sampling interval",
+            lambda r: r.nvlink_rx_mbps,
+        ),
+        MetricInfo(
+            MetricType.VLLM_QUEUE_DEPTH,
+            "requests",
+            Origin.VLLM,
+            "vllm:num_requests_waiting",
+            "requests waiting in vLLM's scheduler",
+        ),
+        MetricInfo(
+            MetricType.VLLM_KV_CACHE_USAGE,
+            "percent",
+            Origin.VLLM,
+            "vllm:kv_cache_usage_perc",
+            "KV cache blocks in use, hottest engine",
+        ),
+        MetricInfo(
+            MetricType.TRITON_QUEUE_WAIT_MS,
+            "ms",
+            Origin.TRITON,
+            "nv_inference_queue_duration_us / nv_inference_request_success",
+            "mean queue wait per request over the last scrape interval",
+        ),
+        MetricInfo(
+            MetricType.TRITON_REQUEST_RATE,
+            "requests/s",
+            Origin.TRITON,
+            "nv_inference_request_success + nv_inference_request_failure",
+            "requests completed per second over the last scrape interval",
+        ),
+        _gpu(
+            MetricType.SM_ACTIVE,
+            "percent",
+            "GPM SM_UTIL (Hopper and newer)",
+            "share of SM cycles with at least one warp resident",
+            lambda r: r.sm_active,
+        ),
+        _gpu(
+            MetricType.SM_OCCUPANCY,
+            "percent",
+            "GPM SM_OCCUPANCY (Hopper and newer)",
+            "resident warps as a share of the SMs' maximum",
+            lambda r: r.sm_occupancy,
+        ),
+        _gpu(
+            MetricType.TENSOR_ACTIVE,
+            "percent",
+            "GPM ANY_TENSOR_UTIL (Hopper and newer)",
+            "share of cycles a tensor pipe was busy",
+            lambda r: r.tensor_active,
+        ),
+        _gpu(
+            MetricType.DRAM_BW_UTIL,
+            "percent",
+            "GPM DRAM_BW_UTIL (Hopper and newer)",
+            "DRAM bandwidth used as a share of the peak",
+            lambda r: r.dram_bw_util,
+        ),
+    )
+}

@@ -1,0 +1,95 @@
+"""The Go project's ten profiles, with identical values.
+
+Only the metric name, metric type, target and activation are applied, as upstream. The
+cooldown figure is the one its examples copy into KEDA's ``cooldownPeriod``; it is kept
+for the docs and examples, not applied by the scaler.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from keda_gpu_scaler.domain.catalog import MetricType
+
+
+@dataclass(frozen=True, slots=True)
+class Profile:
+    name: str
+    metric_name: str
+    metric_type: MetricType
+    target: float
+    activation: float
+    keda_cooldown_s: int
+    description: str
+
+
+def _profile(
+    name: str, metric_type: MetricType, target: float, activation: float, cooldown: int, desc: str
+) -> Profile:
+    metric_name = "keda_gpu_" + name.replace("-", "_")
+    return Profile(name, metric_name, metric_type, float(target), float(activation), cooldown, desc)
+
+
+PROFILES: dict[str, Profile] = {
+    p.name: p
+    for p in (
+        _profile(
+            "distributed-training",
+            MetricType.NVLINK_TX_MBPS,
+            50000,
+            5000,
+            300,
+            "multi-GPU training, NVLink traffic",
+        ),
+        _profile(
+            "vllm-inference", MetricType.MEMORY_USED_PERCENT, 80, 5, 60, "vLLM serving, VRAM in use"
+        ),
+        _profile(
+            "vllm-queue-depth",
+            MetricType.VLLM_QUEUE_DEPTH,
+            5,
+            1,
+            30,
+            "vLLM serving, requests waiting",
+        ),
+        _profile(
+            "triton-inference",
+            MetricType.GPU_UTILIZATION,
+            75,
+            10,
+            30,
+            "Triton serving, GPU utilization",
+        ),
+        _profile(
+            "triton-queue-wait",
+            MetricType.TRITON_QUEUE_WAIT_MS,
+            50,
+            5,
+            30,
+            "Triton serving, queue wait per request",
+        ),
+        _profile(
+            "triton-request-rate",
+            MetricType.TRITON_REQUEST_RATE,
+            50,
+            1,
+            30,
+            "Triton serving, requests per second",
+        ),
+        _profile(
+            "training",
+            MetricType.GPU_UTILIZATION,
+            90,
+            0,
+            300,
+            "single-node training, GPU utilization",
+        ),
+        _profile("batch", MetricType.MEMORY_USED_PERCENT, 70, 1, 30, "batch jobs, VRAM in use"),
+        _profile(
+            "ollama", MetricType.MEMORY_USED_PERCENT, 70, 3, 60, "Ollama serving, VRAM in use"
+        ),
+        _profile(
+            "tgi-inference", MetricType.MEMORY_USED_PERCENT, 75, 5, 45, "TGI serving, VRAM in use"
+        ),
+    )
+}

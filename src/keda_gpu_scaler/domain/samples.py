@@ -1,0 +1,73 @@
+"""Typed, timestamped samples that sources publish to the aggregator.
+
+Every reading field is optional: ``None`` means "no reading" (unsupported, failed, NaN),
+never zero.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import NewType
+
+import msgspec
+
+DeviceKey = NewType("DeviceKey", str)
+"""Stable identity of a GPU or MIG instance on this node (its NVML UUID)."""
+
+
+class GpuReading(msgspec.Struct, frozen=True, kw_only=True, tag="gpu", omit_defaults=True):
+    """One reading of one GPU at one instant (``taken_at``, anyio clock seconds)."""
+
+    source: str
+    key: DeviceKey
+    index: int
+    uuid: str
+    name: str
+    taken_at: float
+    period_s: float
+    gpu_utilization: float | None = None
+    """Percent of time a kernel ran (nvmlDeviceGetUtilizationRates.gpu)."""
+    memory_utilization: float | None = None
+    """Percent of time the memory controller was busy (not VRAM use)."""
+    memory_used_bytes: int | None = None
+    """VRAM in use as NVML memory info v1 reports it: v2 ``used`` plus ``reserved``."""
+    memory_total_bytes: int | None = None
+    memory_reserved_bytes: int | None = None
+    temperature_c: float | None = None
+    power_mw: float | None = None
+    power_limit_mw: float | None = None
+    sm_clock_mhz: float | None = None
+    pcie_tx_kbps: float | None = None
+    pcie_rx_kbps: float | None = None
+    nvlink_tx_mbps: float | None = None
+    nvlink_rx_mbps: float | None = None
+    sm_active: float | None = None
+    """GPM: percent of SMs busy over the last sampling window (Hopper and newer)."""
+    sm_occupancy: float | None = None
+    tensor_active: float | None = None
+    dram_bw_util: float | None = None
+
+
+class SourceFault(msgspec.Struct, frozen=True, kw_only=True, tag="fault"):
+    """A source could not read a device (``key``) or anything at all (``key`` is None)."""
+
+    source: str
+    key: DeviceKey | None
+    at: float
+    reason: str
+    index: int = -1
+    lost: bool = False
+    """True when the device fell off the bus or answers unknown errors."""
+
+
+Sample = GpuReading | SourceFault
+
+SAMPLE_ENCODER = msgspec.json.Encoder()
+SAMPLE_DECODER = msgspec.json.Decoder(Sample)
+
+
+def finite_or_none(value: float | None) -> float | None:
+    """A NaN or infinite reading is no reading."""
+    if value is None or not math.isfinite(value):
+        return None
+    return value

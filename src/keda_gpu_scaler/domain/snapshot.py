@@ -1,0 +1,67 @@
+"""Immutable, versioned views of everything the sources reported.
+
+The aggregator builds a new :class:`Snapshot` per change; readers never see it move.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from types import MappingProxyType
+
+import msgspec
+
+from keda_gpu_scaler.domain.samples import DeviceKey, GpuReading
+
+STALE_AFTER_PERIODS = 3
+"""A reading older than this many sample periods of its source is stale."""
+
+
+class DeviceState(msgspec.Struct, frozen=True, kw_only=True):
+    """The last word on one device: its newest reading and whether it is lost."""
+
+    key: DeviceKey
+    index: int
+    reading: GpuReading | None = None
+    lost_reason: str | None = None
+    lost_since: float | None = None
+
+    def is_lost(self) -> bool:
+        return self.lost_reason is not None
+
+    def age(self, now: float) -> float | None:
+        return None if self.reading is None else now - self.reading.taken_at
+
+    def is_stale(self, now: float) -> bool:
+        if self.reading is None:
+            return True
+        return now - self.reading.taken_at > STALE_AFTER_PERIODS * self.reading.period_s
+
+
+class SourceState(msgspec.Struct, frozen=True, kw_only=True):
+    """Health of one source as the aggregator last heard it."""
+
+    name: str
+    last_sample_at: float | None = None
+    fault: str | None = None
+    fault_at: float | None = None
+    samples: int = 0
+    faults: int = 0
+
+
+class Snapshot(msgspec.Struct, frozen=True, kw_only=True):
+    version: int
+    published_at: float
+    devices: Mapping[DeviceKey, DeviceState] = msgspec.field(
+        default_factory=lambda: MappingProxyType({})
+    )
+    sources: Mapping[str, SourceState] = msgspec.field(default_factory=lambda: MappingProxyType({}))
+
+    def ordered_devices(self) -> list[DeviceState]:
+        """Devices by NVML index, the order nvidia-smi shows."""
+        return sorted(self.devices.values(), key=lambda d: (d.index, d.key))
+
+    def has_fresh_reading(self, now: float) -> bool:
+        return any(not d.is_lost() and not d.is_stale(now) for d in self.devices.values())
+
+
+EMPTY_SNAPSHOT = Snapshot(version=0, published_at=0.0)

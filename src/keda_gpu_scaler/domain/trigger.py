@@ -1,0 +1,224 @@
+"""Trigger metadata parsing: the Go project's keys, defaults and precedence, checked strictly.
+
+Parse order (the first error wins): defaults, ``profile``, ``metricName``, ``metricType``,
+``targetValue``, ``targetGpuUtilization``, ``targetMemoryUtilization``,
+``activationThreshold``, ``gpuIndex``, ``aggregation``, ``pollIntervalSeconds``, endpoints,
+endpoint-required checks, endpoint validation, ``cooldownSeconds``.
+"""
+
+from __future__ import annotations
+
+import difflib
+import enum
+import math
+import re
+from collections.abc import Mapping
+from typing import TypeVar
+
+import msgspec
+
+from keda_gpu_scaler.domain.aggregation import Aggregation
+from keda_gpu_scaler.domain.catalog import CATALOG, MetricType, Origin
+from keda_gpu_scaler.domain.endpoints import endpoint_refusal
+from keda_gpu_scaler.domain.errors import InvalidTrigger
+from keda_gpu_scaler.domain.profiles import PROFILES
+
+_E = TypeVar("_E", bound=enum.StrEnum)
+
+DEFAULT_METRIC_NAME = "keda_gpu_metric"
+DEFAULT_TARGET = 80.0
+DEFAULT_POLL_INTERVAL_S = 10
+DEFAULT_COOLDOWN_S = 60
+
+TRIGGER_KEYS: tuple[str, ...] = (
+    "profile",
+    "metricName",
+    "metricType",
+    "targetValue",
+    "targetGpuUtilization",
+    "targetMemoryUtilization",
+    "activationThreshold",
+    "gpuIndex",
+    "aggregation",
+    "pollIntervalSeconds",
+    "vllmEndpoint",
+    "tritonEndpoint",
+    "cooldownSeconds",
+)
+KEDA_KEYS: tuple[str, ...] = ("scalerAddress", "enableTLS", "unsafeSsl")
+_FROM_ENV = "FromEnv"
+
+_FLOAT = re.compile(r"[+-]?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][+-]?\d+)?")
+_NON_FINITE = re.compile(r"[+-]?(?:inf|infinity|nan)", re.IGNORECASE)
+_INT = re.compile(r"[+-]?\d+")
+_NAME_BAD_CHARS = re.compile(r"[^a-z0-9_-]")
+
+
+class TriggerSpec(msgspec.Struct, frozen=True, kw_only=True):
+    """A trigger's metadata, parsed once and validated."""
+
+    metric_name: str = DEFAULT_METRIC_NAME
+    metric_type: MetricType = MetricType.GPU_UTILIZATION
+    target: float = DEFAULT_TARGET
+    activation: float = 0.0
+    gpu_index: int = -1
+    aggregation: Aggregation = Aggregation.MAX
+    poll_interval_s: int = DEFAULT_POLL_INTERVAL_S
+    vllm_endpoint: str | None = None
+    triton_endpoint: str | None = None
+    cooldown_s: int = DEFAULT_COOLDOWN_S
+    profile: str | None = None
+    warnings: tuple[str, ...] = ()
+
+    @property
+    def endpoint(self) -> str | None:
+        """The engine endpoint this trigger's metric type reads, if any."""
+        origin = CATALOG[self.metric_type].origin
+        if origin is Origin.VLLM:
+            return self.vllm_endpoint
+        if origin is Origin.TRITON:
+            return self.triton_endpoint
+        return None
+
+
+def _parse_float(key: str, raw: str) -> float:
+    if _NON_FINITE.fullmatch(raw):
+        raise InvalidTrigger(key, raw, "must be a finite number")
+    if not _FLOAT.fullmatch(raw):
+        raise InvalidTrigger(key, raw, "not a number")
+    value = float(raw)
+    if not math.isfinite(value):
+        raise InvalidTrigger(key, raw, "must be a finite number")
+    return value
+
+
+def _parse_target(key: str, raw: str) -> float:
+    value = _parse_float(key, raw)
+    if value <= 0:
+        raise InvalidTrigger(key, raw, "must be greater than 0")
+    return value
+
+
+def _parse_int(key: str, raw: str, *, minimum: int, meaning: str) -> int:
+    if not _INT.fullmatch(raw):
+        raise InvalidTrigger(key, raw, "not an integer")
+    value = int(raw)
+    if value < minimum:
+        raise InvalidTrigger(key, raw, meaning)
+    return value
+
+
+def _parse_metric_name(raw: str, warnings: list[str]) -> str:
+    name = _NAME_BAD_CHARS.sub("_", raw.strip().lower())
+    if not name.strip("_"):
+        raise InvalidTrigger("metricName", raw, "must contain a letter or digit")
+    if name != raw:
+        warnings.append(f'metricName "{raw}" is served as "{name}" (lowercase, [a-z0-9_-])')
+    return name
+
+
+def _lookup(metadata: Mapping[str, str], key: str) -> str | None:
+    """A key's value; ``<key>FromEnv`` (resolved by KEDA) stands in when the key is absent."""
+    if key in metadata:
+        return metadata[key]
+    return metadata.get(key + _FROM_ENV)
+
+
+def _typo_warnings(metadata: Mapping[str, str]) -> list[str]:
+    known = TRIGGER_KEYS + KEDA_KEYS
+    warnings = []
+    for key in metadata:
+        base = key.removesuffix(_FROM_ENV)
+        if base in known:
+            continue
+        lowered = {k.lower(): k for k in known}
+        match = lowered.get(base.lower()) or next(
+            iter(difflib.get_close_matches(base, known, n=1, cutoff=0.8)), None
+        )
+        if match is not None:
+            warnings.append(f'unknown key "{key}" is ignored; did you mean "{match}"?')
+    return warnings
+
+
+def _endpoint(metadata: Mapping[str, str], key: str) -> str | None:
+    raw = _lookup(metadata, key)
+    return raw if raw else None
+
+
+def parse_trigger(metadata: Mapping[str, str]) -> TriggerSpec:
+    """Parse trigger metadata, raising :class:`InvalidTrigger` naming the first bad key."""
+    warnings = _typo_warnings(metadata)
+    spec = TriggerSpec()
+    replace = msgspec.structs.replace
+
+    if (raw := _lookup(metadata, "profile")) is not None:
+        profile = PROFILES.get(raw)
+        if profile is None:
+            available = ", ".join(PROFILES)
+            raise InvalidTrigger("profile", raw, f"unknown profile (available: {available})")
+        spec = replace(
+            spec,
+            profile=profile.name,
+            metric_name=profile.metric_name,
+            metric_type=profile.metric_type,
+            target=profile.target,
+            activation=profile.activation,
+        )
+    if (raw := _lookup(metadata, "metricName")) is not None:
+        spec = replace(spec, metric_name=_parse_metric_name(raw, warnings))
+    if (raw := _lookup(metadata, "metricType")) is not None:
+        spec = replace(spec, metric_type=_parse_choice("metricType", raw, MetricType))
+    if (raw := _lookup(metadata, "targetValue")) is not None:
+        spec = replace(spec, target=_parse_target("targetValue", raw))
+    if (raw := _lookup(metadata, "targetGpuUtilization")) is not None:
+        target = _parse_target("targetGpuUtilization", raw)
+        spec = replace(spec, target=target, metric_type=MetricType.GPU_UTILIZATION)
+    if (raw := _lookup(metadata, "targetMemoryUtilization")) is not None:
+        target = _parse_target("targetMemoryUtilization", raw)
+        spec = replace(spec, target=target, metric_type=MetricType.MEMORY_USED_PERCENT)
+    if (raw := _lookup(metadata, "activationThreshold")) is not None:
+        spec = replace(spec, activation=_parse_float("activationThreshold", raw))
+    if (raw := _lookup(metadata, "gpuIndex")) is not None:
+        meaning = "must be -1 (all GPUs) or >= 0"
+        spec = replace(spec, gpu_index=_parse_int("gpuIndex", raw, minimum=-1, meaning=meaning))
+    if (raw := _lookup(metadata, "aggregation")) is not None:
+        spec = replace(spec, aggregation=_parse_choice("aggregation", raw, Aggregation))
+    if (raw := _lookup(metadata, "pollIntervalSeconds")) is not None:
+        meaning = "must be at least 1 second"
+        poll = _parse_int("pollIntervalSeconds", raw, minimum=1, meaning=meaning)
+        spec = replace(spec, poll_interval_s=poll)
+
+    spec = replace(
+        spec,
+        vllm_endpoint=_endpoint(metadata, "vllmEndpoint"),
+        triton_endpoint=_endpoint(metadata, "tritonEndpoint"),
+    )
+    _check_endpoints(spec)
+
+    if (raw := _lookup(metadata, "cooldownSeconds")) is not None:
+        meaning = "must be 0 (off) or a positive number of seconds"
+        spec = replace(
+            spec, cooldown_s=_parse_int("cooldownSeconds", raw, minimum=0, meaning=meaning)
+        )
+    return replace(spec, warnings=tuple(warnings))
+
+
+def _parse_choice(key: str, raw: str, kind: type[_E]) -> _E:
+    try:
+        return kind(raw)
+    except ValueError:
+        raise InvalidTrigger(key, raw, "must be one of " + ", ".join(kind)) from None
+
+
+def _check_endpoints(spec: TriggerSpec) -> None:
+    origin = CATALOG[spec.metric_type].origin
+    endpoints = (
+        ("vllmEndpoint", Origin.VLLM, spec.vllm_endpoint),
+        ("tritonEndpoint", Origin.TRITON, spec.triton_endpoint),
+    )
+    for key, needed_by, url in endpoints:
+        if origin is needed_by and url is None:
+            raise InvalidTrigger(key, None, f'metricType "{spec.metric_type}" requires {key}')
+    for key, _, url in endpoints:
+        if url is not None and (reason := endpoint_refusal(url)) is not None:
+            raise InvalidTrigger(key, url, reason)

@@ -1,0 +1,1 @@
+"""The pipeline: the aggregator actor, snapshot publication, supervision."""

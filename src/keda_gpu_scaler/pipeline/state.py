@@ -1,0 +1,56 @@
+"""Pure state transitions of the aggregator: samples in, the next snapshot out."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from types import MappingProxyType
+
+import msgspec
+
+from keda_gpu_scaler.domain.samples import DeviceKey, GpuReading, Sample, SourceFault
+from keda_gpu_scaler.domain.snapshot import DeviceState, Snapshot, SourceState
+
+
+def fold(snapshot: Snapshot, samples: Iterable[Sample], now: float) -> Snapshot:
+    """The snapshot after ``samples``, one version later."""
+    devices: dict[DeviceKey, DeviceState] = dict(snapshot.devices)
+    sources: dict[str, SourceState] = dict(snapshot.sources)
+    for sample in samples:
+        source = sources.get(sample.source) or SourceState(name=sample.source)
+        if isinstance(sample, GpuReading):
+            devices[sample.key] = DeviceState(key=sample.key, index=sample.index, reading=sample)
+            sources[sample.source] = msgspec.structs.replace(
+                source,
+                last_sample_at=sample.taken_at,
+                fault=None,
+                fault_at=None,
+                samples=source.samples + 1,
+            )
+        else:
+            if sample.key is not None and sample.lost:
+                devices[sample.key] = _mark_lost(devices.get(sample.key), sample)
+            sources[sample.source] = msgspec.structs.replace(
+                source, fault=_fault_text(sample), fault_at=sample.at, faults=source.faults + 1
+            )
+    return Snapshot(
+        version=snapshot.version + 1,
+        published_at=now,
+        devices=MappingProxyType(devices),
+        sources=MappingProxyType(sources),
+    )
+
+
+def _mark_lost(device: DeviceState | None, fault: SourceFault) -> DeviceState:
+    assert fault.key is not None
+    if device is None:
+        return DeviceState(
+            key=fault.key, index=fault.index, lost_reason=fault.reason, lost_since=fault.at
+        )
+    since = device.lost_since if device.lost_reason is not None else fault.at
+    return msgspec.structs.replace(device, lost_reason=fault.reason, lost_since=since)
+
+
+def _fault_text(fault: SourceFault) -> str:
+    if fault.key is None:
+        return fault.reason
+    return f"device {fault.index} ({fault.key}): {fault.reason}"

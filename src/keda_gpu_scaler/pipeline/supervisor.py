@@ -1,0 +1,64 @@
+"""Supervision: restart a failing sampler with exponential backoff.
+
+A crash is published as a :class:`SourceFault`, so health and readiness see it, and the
+sampler's last readings go stale rather than freeze.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+
+import anyio
+from anyio.streams.memory import MemoryObjectSendStream
+
+from keda_gpu_scaler.domain.samples import Sample, SourceFault
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class Backoff:
+    initial_s: float = 0.5
+    factor: float = 2.0
+    maximum_s: float = 30.0
+
+    def delay(self, failures: int) -> float:
+        """Delay before restart number ``failures`` (1-based)."""
+        return min(self.maximum_s, self.initial_s * self.factor ** (failures - 1))
+
+
+async def supervise(
+    name: str,
+    start: Callable[[], Awaitable[None]],
+    *,
+    faults: MemoryObjectSendStream[Sample],
+    backoff: Backoff = Backoff(),
+) -> None:
+    """Run ``start()`` until it returns; after an exception publish a fault and restart it.
+
+    Consecutive failures lengthen the delay; a run that lasted longer than the longest delay
+    resets it.
+    """
+    failures = 0
+    async with faults:
+        while True:
+            started_at = anyio.current_time()
+            try:
+                await start()
+            except Exception as exc:
+                if anyio.current_time() - started_at > backoff.maximum_s:
+                    failures = 0
+                failures += 1
+                delay = backoff.delay(failures)
+                log.warning(
+                    "source failed; restarting",
+                    extra={"source": name, "error": str(exc), "retry_in_s": delay},
+                )
+                fault = SourceFault(source=name, key=None, at=anyio.current_time(), reason=str(exc))
+                await faults.send(fault)
+                await anyio.sleep(delay)
+            else:
+                log.info("source finished", extra={"source": name})
+                return

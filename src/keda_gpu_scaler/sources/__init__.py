@@ -1,0 +1,1 @@
+"""Samplers: actors that read GPUs (or recordings of them) and publish typed samples."""

@@ -1,0 +1,110 @@
+"""FakeGpuSource: a scriptable GPU source for tests and demos.
+
+Tests set readings, lose and restore devices, or pause the whole source, and the fake
+publishes the current state once per period in anyio time.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import anyio
+import msgspec
+from anyio.abc import TaskStatus
+from anyio.streams.memory import MemoryObjectSendStream
+
+from keda_gpu_scaler.domain.errors import SourceFailure
+from keda_gpu_scaler.domain.samples import DeviceKey, GpuReading, Sample, SourceFault
+
+
+@dataclass
+class _FakeGpu:
+    index: int
+    uuid: str
+    fields: dict[str, Any] = field(default_factory=dict)
+    lost_reason: str | None = None
+
+
+class FakeGpuSource:
+    """``FakeGpuSource(n)`` fakes ``n`` GPUs with every reading absent until set."""
+
+    def __init__(self, count: int = 1, *, period_s: float = 1.0, name: str = "fake") -> None:
+        self.name = name
+        self.period_s = period_s
+        self._gpus = [_FakeGpu(i, f"GPU-fake-{i:04d}") for i in range(count)]
+        self._paused = False
+        self._crash_with: str | None = None
+        self.cycles = 0
+
+    def set(self, index: int, **readings: Any) -> None:
+        """Set reading fields of GPU ``index`` (names of :class:`GpuReading` fields)."""
+        unknown = set(readings) - set(GpuReading.__struct_fields__)
+        if unknown:
+            raise TypeError(f"not GpuReading fields: {sorted(unknown)}")
+        self._gpus[index].fields.update(readings)
+
+    def lose(self, index: int, reason: str = "GPU is lost") -> None:
+        self._gpus[index].lost_reason = reason
+
+    def restore(self, index: int) -> None:
+        self._gpus[index].lost_reason = None
+
+    def pause(self) -> None:
+        """Stop publishing (a hung source): readings go stale."""
+        self._paused = True
+
+    def resume(self) -> None:
+        self._paused = False
+
+    def crash_next_cycle(self, reason: str) -> None:
+        """Make the next cycle raise :class:`SourceFailure`, as a broken driver would."""
+        self._crash_with = reason
+
+    def readings(self, now: float) -> list[Sample]:
+        samples: list[Sample] = []
+        for gpu in self._gpus:
+            key = DeviceKey(gpu.uuid)
+            if gpu.lost_reason is not None:
+                samples.append(
+                    SourceFault(
+                        source=self.name,
+                        key=key,
+                        at=now,
+                        reason=gpu.lost_reason,
+                        index=gpu.index,
+                        lost=True,
+                    )
+                )
+                continue
+            base = GpuReading(
+                source=self.name,
+                key=key,
+                index=gpu.index,
+                uuid=gpu.uuid,
+                name="Fake GPU",
+                taken_at=now,
+                period_s=self.period_s,
+            )
+            samples.append(msgspec.structs.replace(base, **gpu.fields))
+        return samples
+
+    async def run(
+        self,
+        send: MemoryObjectSendStream[Sample],
+        *,
+        task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED,
+    ) -> None:
+        async with send:
+            task_status.started()
+            next_at = anyio.current_time()
+            while True:
+                if self._crash_with is not None:
+                    reason, self._crash_with = self._crash_with, None
+                    raise SourceFailure(reason)
+                if not self._paused:
+                    for sample in self.readings(anyio.current_time()):
+                        await send.send(sample)
+                    self.cycles += 1
+                next_at += self.period_s
+                await anyio.sleep_until(next_at)

@@ -1,0 +1,103 @@
+"""ReplaySampler: plays a recorded trace in (virtual or real) time, looped by default."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+
+import anyio
+from anyio.abc import TaskStatus
+from anyio.streams.memory import MemoryObjectSendStream
+
+from keda_gpu_scaler.domain.errors import SourceUnavailable
+from keda_gpu_scaler.domain.samples import Sample
+from keda_gpu_scaler.sources.trace import (
+    Identity,
+    TraceFrame,
+    frame_to_reading,
+    parse_trace,
+    trace_period,
+)
+
+BUNDLED_TRACE = "h200-trace.jsonl"
+BUNDLED_IDENTITY = Identity("GPU-4f60bdab-7290-5bab-ee63-d697ab1e6349", "NVIDIA H200")
+
+
+@dataclass(frozen=True, slots=True)
+class ReplayStatistics:
+    frames_sent: int
+    loops: int
+    phase: str | None
+    last_sent_at: float | None
+
+
+class ReplaySampler:
+    """Publishes each frame at its recorded offset; the time base is anyio's clock."""
+
+    def __init__(
+        self,
+        frames: list[TraceFrame],
+        *,
+        name: str = "replay",
+        loop: bool = True,
+        identity: Identity | None = None,
+    ) -> None:
+        self.name = name
+        self._frames = sorted(frames, key=lambda f: (f.t, f.index))
+        self._loop = loop
+        self._identity = identity
+        self.period_s = trace_period(self._frames)
+        self._duration = self._frames[-1].t - self._frames[0].t + self.period_s
+        self._sent = 0
+        self._loops = 0
+        self._phase: str | None = None
+        self._last_sent_at: float | None = None
+
+    @classmethod
+    def from_path(cls, path: Path, *, loop: bool = True) -> ReplaySampler:
+        try:
+            text = path.read_text(encoding="utf-8")
+        except OSError as exc:
+            raise SourceUnavailable(f"cannot read replay trace {path}: {exc.strerror}") from exc
+        return cls(parse_trace(text.splitlines(), origin=str(path)), name="replay", loop=loop)
+
+    @classmethod
+    def bundled(cls, *, loop: bool = True) -> ReplaySampler:
+        """The real H200 recording shipped with the package."""
+        text = resources.files("keda_gpu_scaler.sources").joinpath("data", BUNDLED_TRACE)
+        frames = parse_trace(text.read_text(encoding="utf-8").splitlines(), origin=BUNDLED_TRACE)
+        return cls(frames, name="replay", loop=loop, identity=BUNDLED_IDENTITY)
+
+    def statistics(self) -> ReplayStatistics:
+        return ReplayStatistics(self._sent, self._loops, self._phase, self._last_sent_at)
+
+    async def run(
+        self,
+        send: MemoryObjectSendStream[Sample],
+        *,
+        task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED,
+    ) -> None:
+        async with send:
+            task_status.started()
+            start = anyio.current_time() - self._frames[0].t
+            while True:
+                for frame in self._frames:
+                    delay = start + frame.t - anyio.current_time()
+                    if delay > 0:
+                        await anyio.sleep(delay)
+                    await self._publish(send, frame)
+                if not self._loop:
+                    return
+                self._loops += 1
+                start += self._duration
+
+    async def _publish(self, send: MemoryObjectSendStream[Sample], frame: TraceFrame) -> None:
+        now = anyio.current_time()
+        reading = frame_to_reading(
+            frame, source=self.name, taken_at=now, period_s=self.period_s, identity=self._identity
+        )
+        await send.send(reading)
+        self._sent += 1
+        self._phase = frame.phase
+        self._last_sent_at = now
