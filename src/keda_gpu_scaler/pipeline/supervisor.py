@@ -31,22 +31,23 @@ class Backoff:
 
 async def supervise(
     name: str,
-    start: Callable[[], Awaitable[None]],
+    start: Callable[[MemoryObjectSendStream[Sample]], Awaitable[None]],
     *,
-    faults: MemoryObjectSendStream[Sample],
+    send: MemoryObjectSendStream[Sample],
     backoff: Backoff = Backoff(),
 ) -> None:
-    """Run ``start()`` until it returns; after an exception publish a fault and restart it.
+    """Run ``start(clone of send)`` until it returns; after an exception publish a fault on
+    ``send`` and start it again with a fresh clone. ``send`` is closed when this returns.
 
     Consecutive failures lengthen the delay; a run that lasted longer than the longest delay
     resets it.
     """
     failures = 0
-    async with faults:
+    async with send:
         while True:
             started_at = anyio.current_time()
             try:
-                await start()
+                await start(send.clone())
             except Exception as exc:
                 if anyio.current_time() - started_at > backoff.maximum_s:
                     failures = 0
@@ -57,7 +58,7 @@ async def supervise(
                     extra={"source": name, "error": str(exc), "retry_in_s": delay},
                 )
                 fault = SourceFault(source=name, key=None, at=anyio.current_time(), reason=str(exc))
-                await faults.send(fault)
+                await send.send(fault)
                 await anyio.sleep(delay)
             else:
                 log.info("source finished", extra={"source": name})

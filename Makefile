@@ -1,0 +1,47 @@
+# Two commands on a fresh machine with Python 3.11+ and make:
+#   make demo   create .venv, install, replay a real H200 recording through the scaler
+#   make test   create .venv, install with test extras, run lint, types, layering and tests
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+
+.PHONY: demo test lint types layers unit proto bench clean
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+
+$(VENV)/.installed: pyproject.toml | $(BIN)/python
+	$(BIN)/python -m pip install -q -e .
+	touch $@
+
+$(VENV)/.installed-test: pyproject.toml | $(BIN)/python
+	$(BIN)/python -m pip install -q -e '.[test]'
+	touch $@ $(VENV)/.installed
+
+demo: $(VENV)/.installed
+	$(BIN)/keda-gpu-scaler demo
+
+test: lint types layers unit
+
+lint: $(VENV)/.installed-test
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+
+types: $(VENV)/.installed-test
+	$(BIN)/mypy
+
+layers: $(VENV)/.installed-test
+	$(BIN)/lint-imports
+
+unit: $(VENV)/.installed-test
+	$(BIN)/pytest
+
+proto: $(VENV)/.installed-test
+	PYTHON=$(BIN)/python scripts/generate_proto.sh
+
+bench: $(VENV)/.installed-test
+	$(BIN)/python benchmarks/grpc_latency.py
+
+clean:
+	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache .hypothesis

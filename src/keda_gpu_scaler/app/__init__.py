@@ -1,0 +1,1 @@
+"""The composition root: command line, configuration, wiring of the actors."""

@@ -1,0 +1,1 @@
+"""The gRPC edge: KEDA's External Scaler contract served from snapshots."""

@@ -1,0 +1,224 @@
+"""The External Scaler servicer: parse, read a snapshot, decide, convert. Nothing else.
+
+Handlers never touch hardware or the network. The one wait is for the very first
+snapshot after start-up, bounded by ``first_snapshot_timeout_s``.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import math
+from collections.abc import AsyncIterator, Mapping
+from dataclasses import dataclass
+
+import anyio
+
+from keda_gpu_scaler.domain.cooldown import CooldownBook, cooldown_key
+from keda_gpu_scaler.domain.decision import Decision, decide
+from keda_gpu_scaler.domain.errors import NoData
+from keda_gpu_scaler.domain.snapshot import Snapshot
+from keda_gpu_scaler.domain.trigger import TriggerSpec, parse_trigger
+from keda_gpu_scaler.pipeline.hub import SnapshotHub
+from keda_gpu_scaler.serving._proto.externalscaler import (
+    ExternalScalerBase,
+    GetMetricSpecResponse,
+    GetMetricsRequest,
+    GetMetricsResponse,
+    IsActiveResponse,
+    MetricSpec,
+    MetricValue,
+    ScaledObjectRef,
+)
+from keda_gpu_scaler.serving.status import streaming, unary
+
+log = logging.getLogger(__name__)
+
+_INT64_MAX = 2**63 - 1
+
+
+@functools.lru_cache(maxsize=4096)
+def _parse_items(items: tuple[tuple[str, str], ...]) -> TriggerSpec:
+    spec = parse_trigger(dict(items))
+    for warning in spec.warnings:
+        log.warning("trigger metadata warning", extra={"detail": warning})
+    return spec
+
+
+def parse_cached(metadata: Mapping[str, str]) -> TriggerSpec:
+    """Parse once per distinct metadata map; KEDA sends the same map on every call."""
+    return _parse_items(tuple(sorted(metadata.items())))
+
+
+def metric_spec(spec: TriggerSpec) -> MetricSpec:
+    """Both target fields, consistent: KEDA before 2.17 reads only the integer."""
+    target = spec.target
+    return MetricSpec(
+        metric_name=spec.metric_name,
+        target_size_float=target,
+        target_size=min(_INT64_MAX, max(1, round(target))),
+    )
+
+
+def metric_value(name: str, value: float) -> MetricValue:
+    """Both value fields, consistent, never negative or non-finite."""
+    if not math.isfinite(value) or value < 0:
+        raise NoData(f"refusing to serve {value!r} for {name}")
+    return MetricValue(
+        metric_name=name,
+        metric_value_float=value,
+        metric_value=min(_INT64_MAX, round(value)),
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class ServiceStatistics:
+    open_streams: int
+    cooldown_entries: int
+
+
+class ExternalScalerService(ExternalScalerBase):
+    def __init__(
+        self,
+        hub: SnapshotHub,
+        *,
+        cooldowns: CooldownBook | None = None,
+        first_snapshot_timeout_s: float = 2.0,
+    ) -> None:
+        self._hub = hub
+        self._cooldowns = cooldowns or CooldownBook()
+        self._first_snapshot_timeout_s = first_snapshot_timeout_s
+        self._closing = False
+        self._waits: set[anyio.CancelScope] = set()
+        self._open_streams = 0
+        self._streams_ended: anyio.Event | None = None
+
+    def statistics(self) -> ServiceStatistics:
+        return ServiceStatistics(self._open_streams, len(self._cooldowns))
+
+    @property
+    def open_streams(self) -> int:
+        return self._open_streams
+
+    def begin_shutdown(self) -> None:
+        """End every open stream with status OK (KEDA reconnects within 2 s)."""
+        self._closing = True
+        self._streams_ended = anyio.Event()
+        if not self._open_streams:
+            self._streams_ended.set()
+        for scope in list(self._waits):
+            scope.cancel()
+
+    async def wait_streams_ended(self) -> None:
+        """After :meth:`begin_shutdown`, until every stream handler has returned."""
+        if self._streams_ended is not None:
+            await self._streams_ended.wait()
+
+    # -- unary RPCs -------------------------------------------------------------------
+
+    @unary
+    async def get_metric_spec(self, message: ScaledObjectRef) -> GetMetricSpecResponse:
+        # Depends on metadata alone, so KEDA's fallback keeps working while GPUs fail.
+        spec = parse_cached(message.scaler_metadata)
+        return GetMetricSpecResponse(metric_specs=[metric_spec(spec)])
+
+    @unary
+    async def get_metrics(self, message: GetMetricsRequest) -> GetMetricsResponse:
+        ref = message.scaled_object_ref or ScaledObjectRef()
+        spec = parse_cached(ref.scaler_metadata)
+        decision = self._decide(ref, spec, await self._snapshot())
+        name = message.metric_name or spec.metric_name
+        return GetMetricsResponse(metric_values=[metric_value(name, decision.value)])
+
+    @unary
+    async def is_active(self, message: ScaledObjectRef) -> IsActiveResponse:
+        spec = parse_cached(message.scaler_metadata)
+        decision = self._decide(message, spec, await self._snapshot())
+        return IsActiveResponse(result=decision.active)
+
+    # -- streams ----------------------------------------------------------------------
+
+    @streaming
+    async def stream_is_active(self, message: ScaledObjectRef) -> AsyncIterator[IsActiveResponse]:
+        spec = parse_cached(message.scaler_metadata)
+        self._open_streams += 1
+        try:
+            async for active in self._activity(message, spec):
+                yield IsActiveResponse(result=active)
+        finally:
+            self._open_streams -= 1
+            if self._streams_ended is not None and not self._open_streams:
+                self._streams_ended.set()
+
+    async def _activity(self, ref: ScaledObjectRef, spec: TriggerSpec) -> AsyncIterator[bool]:
+        """The current activity at once, again on every change and every poll interval.
+
+        A failed reading is logged and skipped: it is never sent as activity.
+        """
+        last: bool | None = None
+        sent_at = -math.inf
+        failure: str | None = None
+        while not self._closing:
+            snapshot = self._hub.current
+            now = anyio.current_time()
+            try:
+                active: bool | None = self._decide(ref, spec, snapshot).active
+            except NoData as exc:
+                active = None
+                failure = self._log_stream_failure(ref, spec, failure, str(exc))
+            else:
+                failure = None
+            if active is not None and (active != last or now - sent_at >= spec.poll_interval_s):
+                last, sent_at = active, now
+                yield active
+            wake_at = (sent_at if last is not None else now) + spec.poll_interval_s
+            await self._wait_newer(snapshot.version, deadline=wake_at)
+
+    def _log_stream_failure(
+        self, ref: ScaledObjectRef, spec: TriggerSpec, previous: str | None, reason: str
+    ) -> str:
+        if reason != previous:
+            log.warning(
+                "stream skips a tick: no usable reading",
+                extra={
+                    "trigger": f"{ref.namespace}/{ref.name}",
+                    "metric": spec.metric_name,
+                    "reason": reason,
+                },
+            )
+        return reason
+
+    async def _wait_newer(self, version: int, *, deadline: float) -> None:
+        with anyio.CancelScope(deadline=deadline) as scope:
+            self._waits.add(scope)
+            try:
+                await self._hub.wait_newer(version)
+            finally:
+                self._waits.discard(scope)
+
+    # -- helpers ----------------------------------------------------------------------
+
+    async def _snapshot(self) -> Snapshot:
+        snapshot = self._hub.current
+        if snapshot.version == 0:
+            with anyio.move_on_after(self._first_snapshot_timeout_s):
+                snapshot = await self._hub.wait_newer(0)
+        return snapshot
+
+    def _decide(self, ref: ScaledObjectRef, spec: TriggerSpec, snapshot: Snapshot) -> Decision:
+        key = cooldown_key(ref.namespace, ref.name, spec)
+        now = anyio.current_time()
+        decision = decide(spec, snapshot, self._cooldowns.get(key), now)
+        if decision.cooldown is not None:
+            self._cooldowns.put(key, decision.cooldown.entry)
+        log.debug(
+            "decision",
+            extra={
+                "trigger": f"{ref.namespace}/{ref.name}",
+                "metric": spec.metric_name,
+                "value": decision.value,
+                "active": decision.active,
+                "why": decision.explanation,
+            },
+        )
+        return decision
