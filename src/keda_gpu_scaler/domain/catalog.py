@@ -51,6 +51,10 @@ class MetricInfo:
     description: str
     read: Callable[[GpuReading], float | None] | None = None
     """How a GPU reading yields this metric; None for engine metrics."""
+    per_parent: bool = False
+    """A whole-GPU reading that MIG instances carry copies of: count each GPU once."""
+    needs: str | None = None
+    """What a GPU must have for this metric, said when no GPU reports it."""
 
 
 def _memory_used_mib(r: GpuReading) -> float | None:
@@ -73,14 +77,20 @@ def _power_w(r: GpuReading) -> float | None:
     return None if r.power_mw is None else r.power_mw / 1000.0
 
 
+_GPM = "GPM profiling metrics (Hopper or newer, nvmlGpmQueryDeviceSupport)"
+
+
 def _gpu(
     type_: MetricType,
     unit: str,
     source: str,
     description: str,
     read: Callable[[GpuReading], float | None],
+    *,
+    per_parent: bool = False,
+    needs: str | None = None,
 ) -> MetricInfo:
-    return MetricInfo(type_, unit, Origin.GPU, source, description, read)
+    return MetricInfo(type_, unit, Origin.GPU, source, description, read, per_parent, needs)
 
 
 CATALOG: dict[MetricType, MetricInfo] = {
@@ -120,14 +130,23 @@ CATALOG: dict[MetricType, MetricInfo] = {
             "nvmlDeviceGetTemperature(GPU)",
             "GPU die temperature",
             lambda r: r.temperature_c,
+            per_parent=True,
         ),
-        _gpu(MetricType.POWER_DRAW, "W", "nvmlDeviceGetPowerUsage", "board power draw", _power_w),
+        _gpu(
+            MetricType.POWER_DRAW,
+            "W",
+            "nvmlDeviceGetPowerUsage",
+            "board power draw",
+            _power_w,
+            per_parent=True,
+        ),
         _gpu(
             MetricType.PCIE_TX_KBPS,
             "KB/s",
             "nvmlDeviceGetPcieThroughput(TX_BYTES)",
             "PCIe bytes sent by the GPU",
             lambda r: r.pcie_tx_kbps,
+            per_parent=True,
         ),
         _gpu(
             MetricType.PCIE_RX_KBPS,
@@ -135,6 +154,7 @@ CATALOG: dict[MetricType, MetricInfo] = {
             "nvmlDeviceGetPcieThroughput(RX_BYTES)",
             "PCIe bytes received by the GPU",
             lambda r: r.pcie_rx_kbps,
+            per_parent=True,
         ),
         _gpu(
             MetricType.NVLINK_TX_MBPS,
@@ -142,6 +162,7 @@ CATALOG: dict[MetricType, MetricInfo] = {
             "NVLink throughput counters (field values)",
             "NVLink bytes sent, a rate over the sampling interval",
             lambda r: r.nvlink_tx_mbps,
+            per_parent=True,
         ),
         _gpu(
             MetricType.NVLINK_RX_MBPS,
@@ -149,6 +170,7 @@ CATALOG: dict[MetricType, MetricInfo] = {
             "NVLink throughput counters (field values)",
             "NVLink bytes received, a rate over the sampling interval",
             lambda r: r.nvlink_rx_mbps,
+            per_parent=True,
         ),
         MetricInfo(
             MetricType.VLLM_QUEUE_DEPTH,
@@ -184,6 +206,7 @@ CATALOG: dict[MetricType, MetricInfo] = {
             "GPM SM_UTIL (Hopper and newer)",
             "share of SM cycles with at least one warp resident",
             lambda r: r.sm_active,
+            needs=_GPM,
         ),
         _gpu(
             MetricType.SM_OCCUPANCY,
@@ -191,6 +214,7 @@ CATALOG: dict[MetricType, MetricInfo] = {
             "GPM SM_OCCUPANCY (Hopper and newer)",
             "resident warps as a share of the SMs' maximum",
             lambda r: r.sm_occupancy,
+            needs=_GPM,
         ),
         _gpu(
             MetricType.TENSOR_ACTIVE,
@@ -198,6 +222,7 @@ CATALOG: dict[MetricType, MetricInfo] = {
             "GPM ANY_TENSOR_UTIL (Hopper and newer)",
             "share of cycles a tensor pipe was busy",
             lambda r: r.tensor_active,
+            needs=_GPM,
         ),
         _gpu(
             MetricType.DRAM_BW_UTIL,
@@ -205,6 +230,7 @@ CATALOG: dict[MetricType, MetricInfo] = {
             "GPM DRAM_BW_UTIL (Hopper and newer)",
             "DRAM bandwidth used as a share of the peak",
             lambda r: r.dram_bw_util,
+            needs=_GPM,
         ),
     )
 }

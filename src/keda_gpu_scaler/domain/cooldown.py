@@ -28,6 +28,7 @@ class CooldownKey(msgspec.Struct, frozen=True):
     gpu_index: int
     vllm_endpoint: str | None
     triton_endpoint: str | None
+    mig_instance: str | None = None
 
 
 def cooldown_key(namespace: str, name: str, spec: TriggerSpec) -> CooldownKey:
@@ -40,6 +41,7 @@ def cooldown_key(namespace: str, name: str, spec: TriggerSpec) -> CooldownKey:
         spec.gpu_index,
         spec.vllm_endpoint,
         spec.triton_endpoint,
+        None if spec.mig_instance is None else str(spec.mig_instance),
     )
 
 

@@ -12,7 +12,8 @@ from typing import NewType
 import msgspec
 
 DeviceKey = NewType("DeviceKey", str)
-"""Stable identity of a GPU or MIG instance on this node (its NVML UUID)."""
+"""Stable identity of a GPU or MIG instance on this node (its NVML UUID, ``MIG-...`` for
+an instance, which is unique where the instance's ordinal is not)."""
 
 
 class GpuReading(msgspec.Struct, frozen=True, kw_only=True, tag="gpu", omit_defaults=True):
@@ -46,6 +47,16 @@ class GpuReading(msgspec.Struct, frozen=True, kw_only=True, tag="gpu", omit_defa
     sm_occupancy: float | None = None
     tensor_active: float | None = None
     dram_bw_util: float | None = None
+    mig_enabled: bool = False
+    """A MIG-enabled physical GPU: under ``gpuIndex: -1`` its instances stand for it."""
+    parent_index: int | None = None
+    """Set on a MIG instance only: the NVML index of its GPU (``index`` equals it)."""
+    parent_uuid: str | None = None
+    gpu_instance_id: int | None = None
+    compute_instance_id: int | None = None
+
+    def is_mig_instance(self) -> bool:
+        return self.parent_index is not None
 
 
 class SourceFault(msgspec.Struct, frozen=True, kw_only=True, tag="fault"):
@@ -60,7 +71,14 @@ class SourceFault(msgspec.Struct, frozen=True, kw_only=True, tag="fault"):
     """True when the device fell off the bus or answers unknown errors."""
 
 
-Sample = GpuReading | SourceFault
+class Batch(msgspec.Struct, frozen=True, kw_only=True, tag="batch"):
+    """Everything one sampler cycle read; the aggregator folds it into one snapshot."""
+
+    source: str
+    samples: tuple[GpuReading | SourceFault, ...]
+
+
+Sample = GpuReading | SourceFault | Batch
 
 SAMPLE_ENCODER = msgspec.json.Encoder()
 SAMPLE_DECODER = msgspec.json.Decoder(Sample)

@@ -38,7 +38,11 @@ class DeviceState(msgspec.Struct, frozen=True, kw_only=True):
 
 
 class SourceState(msgspec.Struct, frozen=True, kw_only=True):
-    """Health of one source as the aggregator last heard it."""
+    """Health of one source as the aggregator last heard it.
+
+    ``fault`` is the last whole-source failure, cleared by the next reading; device faults
+    live on their :class:`DeviceState` and only count in ``faults``.
+    """
 
     name: str
     last_sample_at: float | None = None

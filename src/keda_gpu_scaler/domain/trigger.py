@@ -2,7 +2,7 @@
 
 Parse order (the first error wins): defaults, ``profile``, ``metricName``, ``metricType``,
 ``targetValue``, ``targetGpuUtilization``, ``targetMemoryUtilization``,
-``activationThreshold``, ``gpuIndex``, ``aggregation``, ``pollIntervalSeconds``, endpoints,
+``activationThreshold``, ``gpuIndex``, ``migInstance``, ``aggregation``, ``pollIntervalSeconds``, endpoints,
 endpoint-required checks, endpoint validation, ``cooldownSeconds``.
 """
 
@@ -22,6 +22,7 @@ from keda_gpu_scaler.domain.catalog import CATALOG, MetricType, Origin
 from keda_gpu_scaler.domain.endpoints import endpoint_refusal
 from keda_gpu_scaler.domain.errors import InvalidTrigger
 from keda_gpu_scaler.domain.profiles import PROFILES
+from keda_gpu_scaler.domain.samples import GpuReading
 
 _E = TypeVar("_E", bound=enum.StrEnum)
 
@@ -39,6 +40,7 @@ TRIGGER_KEYS: tuple[str, ...] = (
     "targetMemoryUtilization",
     "activationThreshold",
     "gpuIndex",
+    "migInstance",
     "aggregation",
     "pollIntervalSeconds",
     "vllmEndpoint",
@@ -52,6 +54,38 @@ _FLOAT = re.compile(r"[+-]?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][+-]?\d+)?")
 _NON_FINITE = re.compile(r"[+-]?(?:inf|infinity|nan)", re.IGNORECASE)
 _INT = re.compile(r"[+-]?\d+")
 _NAME_BAD_CHARS = re.compile(r"[^a-z0-9_-]")
+_MIG_UUID = re.compile(r"MIG-[0-9A-Za-z-]+")
+_MIG_IDS = re.compile(r"(\d+):(\d+)(?::(\d+))?")
+_MIG_FORMAT = (
+    "must be a MIG device UUID (MIG-...) or <gpu index>:<GPU instance id>"
+    "[:<compute instance id>], as nvidia-smi -L shows"
+)
+
+
+class MigSelector(msgspec.Struct, frozen=True, kw_only=True):
+    """``migInstance``: one MIG instance, by UUID or by (GPU, GPU instance[, compute instance])."""
+
+    uuid: str | None = None
+    parent_index: int | None = None
+    gpu_instance_id: int | None = None
+    compute_instance_id: int | None = None
+
+    def matches(self, reading: GpuReading) -> bool:
+        if not reading.is_mig_instance():
+            return False
+        if self.uuid is not None:
+            return reading.uuid == self.uuid
+        return (
+            reading.parent_index == self.parent_index
+            and reading.gpu_instance_id == self.gpu_instance_id
+            and self.compute_instance_id in (None, reading.compute_instance_id)
+        )
+
+    def __str__(self) -> str:
+        if self.uuid is not None:
+            return self.uuid
+        text = f"{self.parent_index}:{self.gpu_instance_id}"
+        return text if self.compute_instance_id is None else f"{text}:{self.compute_instance_id}"
 
 
 class TriggerSpec(msgspec.Struct, frozen=True, kw_only=True):
@@ -62,6 +96,7 @@ class TriggerSpec(msgspec.Struct, frozen=True, kw_only=True):
     target: float = DEFAULT_TARGET
     activation: float = 0.0
     gpu_index: int = -1
+    mig_instance: MigSelector | None = None
     aggregation: Aggregation = Aggregation.MAX
     poll_interval_s: int = DEFAULT_POLL_INTERVAL_S
     vllm_endpoint: str | None = None
@@ -181,6 +216,8 @@ def parse_trigger(metadata: Mapping[str, str]) -> TriggerSpec:
     if (raw := _lookup(metadata, "gpuIndex")) is not None:
         meaning = "must be -1 (all GPUs) or >= 0"
         spec = replace(spec, gpu_index=_parse_int("gpuIndex", raw, minimum=-1, meaning=meaning))
+    if raw := _lookup(metadata, "migInstance"):
+        spec = replace(spec, mig_instance=_parse_mig_instance(raw, spec.gpu_index))
     if (raw := _lookup(metadata, "aggregation")) is not None:
         spec = replace(spec, aggregation=_parse_choice("aggregation", raw, Aggregation))
     if (raw := _lookup(metadata, "pollIntervalSeconds")) is not None:
@@ -201,6 +238,23 @@ def parse_trigger(metadata: Mapping[str, str]) -> TriggerSpec:
             spec, cooldown_s=_parse_int("cooldownSeconds", raw, minimum=0, meaning=meaning)
         )
     return replace(spec, warnings=tuple(warnings))
+
+
+def _parse_mig_instance(raw: str, gpu_index: int) -> MigSelector:
+    if gpu_index >= 0:
+        raise InvalidTrigger(
+            "migInstance", raw, "cannot be combined with gpuIndex: the instance names its GPU"
+        )
+    if _MIG_UUID.fullmatch(raw):
+        return MigSelector(uuid=raw)
+    if (match := _MIG_IDS.fullmatch(raw)) is None:
+        raise InvalidTrigger("migInstance", raw, _MIG_FORMAT)
+    parent, gi, ci = match.groups()
+    return MigSelector(
+        parent_index=int(parent),
+        gpu_instance_id=int(gi),
+        compute_instance_id=None if ci is None else int(ci),
+    )
 
 
 def _parse_choice(key: str, raw: str, kind: type[_E]) -> _E:

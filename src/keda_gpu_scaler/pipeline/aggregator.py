@@ -11,12 +11,13 @@ from anyio.streams.memory import MemoryObjectReceiveStream
 
 from keda_gpu_scaler.domain.samples import Sample, SourceFault
 from keda_gpu_scaler.pipeline.hub import SnapshotHub
-from keda_gpu_scaler.pipeline.state import fold
+from keda_gpu_scaler.pipeline.state import flatten, fold
 
 log = logging.getLogger(__name__)
 
 MAX_BATCH = 256
-"""Samples folded into one snapshot at most; a sampler's cycle normally arrives whole."""
+"""Channel items folded into one snapshot at most. A sampler sends each cycle as one
+:class:`Batch`, so a cycle of many GPUs makes one snapshot version, not one per GPU."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,7 +66,7 @@ class Aggregator:
         return batch
 
     def _count(self, batch: list[Sample], now: float) -> None:
-        for sample in batch:
+        for sample in flatten(batch):
             if isinstance(sample, SourceFault):
                 self._faults += 1
             else:

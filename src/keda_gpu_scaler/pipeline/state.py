@@ -7,7 +7,7 @@ from types import MappingProxyType
 
 import msgspec
 
-from keda_gpu_scaler.domain.samples import DeviceKey, GpuReading, Sample, SourceFault
+from keda_gpu_scaler.domain.samples import Batch, DeviceKey, GpuReading, Sample, SourceFault
 from keda_gpu_scaler.domain.snapshot import DeviceState, Snapshot, SourceState
 
 
@@ -15,7 +15,7 @@ def fold(snapshot: Snapshot, samples: Iterable[Sample], now: float) -> Snapshot:
     """The snapshot after ``samples``, one version later."""
     devices: dict[DeviceKey, DeviceState] = dict(snapshot.devices)
     sources: dict[str, SourceState] = dict(snapshot.sources)
-    for sample in samples:
+    for sample in flatten(samples):
         source = sources.get(sample.source) or SourceState(name=sample.source)
         if isinstance(sample, GpuReading):
             devices[sample.key] = DeviceState(key=sample.key, index=sample.index, reading=sample)
@@ -27,17 +27,25 @@ def fold(snapshot: Snapshot, samples: Iterable[Sample], now: float) -> Snapshot:
                 samples=source.samples + 1,
             )
         else:
-            if sample.key is not None and sample.lost:
+            if sample.key is None:
+                source = msgspec.structs.replace(source, fault=sample.reason, fault_at=sample.at)
+            elif sample.lost:
                 devices[sample.key] = _mark_lost(devices.get(sample.key), sample)
-            sources[sample.source] = msgspec.structs.replace(
-                source, fault=_fault_text(sample), fault_at=sample.at, faults=source.faults + 1
-            )
+            sources[sample.source] = msgspec.structs.replace(source, faults=source.faults + 1)
     return Snapshot(
         version=snapshot.version + 1,
         published_at=now,
         devices=MappingProxyType(devices),
         sources=MappingProxyType(sources),
     )
+
+
+def flatten(samples: Iterable[Sample]) -> Iterable[GpuReading | SourceFault]:
+    for sample in samples:
+        if isinstance(sample, Batch):
+            yield from sample.samples
+        else:
+            yield sample
 
 
 def _mark_lost(device: DeviceState | None, fault: SourceFault) -> DeviceState:
@@ -48,9 +56,3 @@ def _mark_lost(device: DeviceState | None, fault: SourceFault) -> DeviceState:
         )
     since = device.lost_since if device.lost_reason is not None else fault.at
     return msgspec.structs.replace(device, lost_reason=fault.reason, lost_since=since)
-
-
-def _fault_text(fault: SourceFault) -> str:
-    if fault.key is None:
-        return fault.reason
-    return f"device {fault.index} ({fault.key}): {fault.reason}"

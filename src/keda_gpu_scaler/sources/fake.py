@@ -15,7 +15,7 @@ from anyio.abc import TaskStatus
 from anyio.streams.memory import MemoryObjectSendStream
 
 from keda_gpu_scaler.domain.errors import SourceFailure
-from keda_gpu_scaler.domain.samples import DeviceKey, GpuReading, Sample, SourceFault
+from keda_gpu_scaler.domain.samples import Batch, DeviceKey, GpuReading, Sample, SourceFault
 
 
 @dataclass
@@ -61,8 +61,8 @@ class FakeGpuSource:
         """Make the next cycle raise :class:`SourceFailure`, as a broken driver would."""
         self._crash_with = reason
 
-    def readings(self, now: float) -> list[Sample]:
-        samples: list[Sample] = []
+    def readings(self, now: float) -> list[GpuReading | SourceFault]:
+        samples: list[GpuReading | SourceFault] = []
         for gpu in self._gpus:
             key = DeviceKey(gpu.uuid)
             if gpu.lost_reason is not None:
@@ -103,8 +103,8 @@ class FakeGpuSource:
                     reason, self._crash_with = self._crash_with, None
                     raise SourceFailure(reason)
                 if not self._paused:
-                    for sample in self.readings(anyio.current_time()):
-                        await send.send(sample)
+                    readings = self.readings(anyio.current_time())
+                    await send.send(Batch(source=self.name, samples=tuple(readings)))
                     self.cycles += 1
                 next_at += self.period_s
                 await anyio.sleep_until(next_at)
