@@ -13,6 +13,7 @@ import pytest
 
 from keda_gpu_scaler.app.compose import RunningScaler, open_scaler
 from keda_gpu_scaler.sources.fake import FakeGpuSource
+from tests.grpcio_client import GrpcioModules, generate
 
 
 @pytest.fixture
@@ -52,3 +53,8 @@ async def scaler(fake_gpus: FakeGpuSource) -> AsyncIterator[RunningScaler]:
     async with open_scaler(fake_gpus, host="127.0.0.1", port=0) as running:
         await running.hub.wait_newer(0)
         yield running
+
+
+@pytest.fixture(scope="session")
+def grpcio_modules(tmp_path_factory: pytest.TempPathFactory) -> GrpcioModules:
+    return generate(tmp_path_factory.mktemp("grpcio"))

@@ -58,7 +58,7 @@ BAD_METADATA: list[tuple[dict[str, str], str]] = [
     ),
     (
         {"vllmEndpoint": "ftp://vllm/metrics"},
-        'invalid vllmEndpoint "ftp://vllm/metrics": unsupported scheme "ftp", must be http or https',
+        'invalid vllmEndpoint "ftp://vllm/metrics": unsupported scheme "ftp", must be http',
     ),
     ({"vllmEndpoint": "vllm:8000/metrics"}, 'invalid vllmEndpoint "vllm:8000/metrics"'),
     (

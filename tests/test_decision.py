@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 from types import MappingProxyType
+from typing import Any
 
+import msgspec
 import pytest
 
 from keda_gpu_scaler.domain.decision import decide, measure
@@ -15,8 +17,8 @@ from keda_gpu_scaler.domain.trigger import parse_trigger
 GIB = 1 << 30
 
 
-def _reading(index: int, *, taken_at: float = 100.0, **fields: float | int) -> GpuReading:
-    return GpuReading(
+def _reading(index: int, *, taken_at: float = 100.0, **fields: Any) -> GpuReading:
+    base = GpuReading(
         source="t",
         key=DeviceKey(f"GPU-{index}"),
         index=index,
@@ -24,8 +26,8 @@ def _reading(index: int, *, taken_at: float = 100.0, **fields: float | int) -> G
         name="test",
         taken_at=taken_at,
         period_s=1.0,
-        **fields,
-    )  # type: ignore[arg-type]
+    )
+    return msgspec.structs.replace(base, **fields)
 
 
 def _snapshot(*devices: DeviceState) -> Snapshot:

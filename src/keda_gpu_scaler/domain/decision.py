@@ -9,15 +9,17 @@ from keda_gpu_scaler.domain.catalog import CATALOG
 from keda_gpu_scaler.domain.cooldown import CooldownEntry, CooldownOutcome, apply_cooldown
 from keda_gpu_scaler.domain.errors import NoData
 from keda_gpu_scaler.domain.snapshot import STALE_AFTER_PERIODS, DeviceState, Snapshot
-from keda_gpu_scaler.domain.trigger import TriggerSpec
+from keda_gpu_scaler.domain.trigger import MigSelector, TriggerSpec
 
 
 @dataclass(frozen=True, slots=True)
 class Measurement:
     value: float
     parts: tuple[tuple[int, float], ...]
-    """(GPU index, value) of every device that contributed."""
+    """(GPU index, value) of every device that contributed; a MIG instance has its GPU's."""
     unsupported: tuple[int, ...] = ()
+    labels: tuple[str, ...] = ()
+    """Who each part came from: ``GPU 0``, or ``MIG 0:7`` (GPU 0, GPU instance 7)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -32,31 +34,76 @@ class Decision:
     cooldown: CooldownOutcome | None = None
 
 
+def _is_instance(device: DeviceState) -> bool:
+    return device.reading is not None and device.reading.is_mig_instance()
+
+
+def _is_mig_parent(device: DeviceState) -> bool:
+    return device.reading is not None and device.reading.mig_enabled
+
+
+def _label(device: DeviceState) -> str:
+    r = device.reading
+    if r is None or not r.is_mig_instance():
+        return f"GPU {device.index}"
+    return f"MIG {r.parent_index}:{r.gpu_instance_id}"
+
+
 def _select(spec: TriggerSpec, snapshot: Snapshot) -> list[DeviceState]:
+    """gpuIndex -1: every GPU, a MIG-enabled GPU by its instances; N: physical GPU N."""
     devices = snapshot.ordered_devices()
     if not devices:
         raise NoData("no GPU readings yet")
+    if spec.mig_instance is not None:
+        return _select_instance(spec.mig_instance, devices)
     if spec.gpu_index < 0:
-        return devices
-    chosen = [d for d in devices if d.index == spec.gpu_index]
+        chosen = [d for d in devices if not _is_mig_parent(d)]
+        if not chosen:
+            raise NoData("MIG is enabled on every GPU of this node and no MIG instance exists")
+        return chosen
+    chosen = [d for d in devices if d.index == spec.gpu_index and not _is_instance(d)]
     if not chosen:
-        known = ", ".join(str(d.index) for d in devices)
+        known = ", ".join(sorted({str(d.index) for d in devices}, key=int))
         raise NoData(f"no GPU with gpuIndex {spec.gpu_index} on this node (GPUs: {known})")
     return chosen
 
 
+def _select_instance(selector: MigSelector, devices: list[DeviceState]) -> list[DeviceState]:
+    chosen = [d for d in devices if d.reading is not None and selector.matches(d.reading)]
+    if not chosen:
+        known = ", ".join(f"{_label(d)} ({d.key})" for d in devices if _is_instance(d))
+        raise NoData(f"no MIG instance {selector} on this node (MIG instances: {known or 'none'})")
+    return chosen
+
+
 def _check_fresh(device: DeviceState, now: float) -> None:
+    label = _label(device)
     if device.lost_reason is not None:
-        raise NoData(f"GPU {device.index} ({device.key}) is lost: {device.lost_reason}")
+        raise NoData(f"{label} ({device.key}) is lost: {device.lost_reason}")
     reading = device.reading
     if reading is None:
-        raise NoData(f"GPU {device.index} ({device.key}) has no reading yet")
+        raise NoData(f"{label} ({device.key}) has no reading yet")
     if device.is_stale(now):
         limit = STALE_AFTER_PERIODS * reading.period_s
         raise NoData(
-            f"GPU {device.index} reading is stale: {now - reading.taken_at:.1f} s old "
+            f"{label} reading is stale: {now - reading.taken_at:.1f} s old "
             f"(limit {limit:g} s, {STALE_AFTER_PERIODS} sample periods)"
         )
+
+
+def _counted_once(per_parent: bool, devices: list[DeviceState]) -> list[DeviceState]:
+    """Instances carry copies of whole-GPU readings: keep one instance per GPU for those."""
+    if not per_parent:
+        return devices
+    seen: set[int] = set()
+    kept = []
+    for device in devices:
+        if _is_instance(device):
+            if device.index in seen:
+                continue
+            seen.add(device.index)
+        kept.append(device)
+    return kept
 
 
 def measure(spec: TriggerSpec, snapshot: Snapshot, now: float) -> Measurement:
@@ -67,21 +114,36 @@ def measure(spec: TriggerSpec, snapshot: Snapshot, now: float) -> Measurement:
             f'metricType "{spec.metric_type}" reads the engine at {spec.endpoint}; '
             "engine sampling is not available in this version"
         )
-    parts: list[tuple[int, float]] = []
-    unsupported: list[int] = []
-    for device in _select(spec, snapshot):
+    selected = _select(spec, snapshot)
+    for device in selected:
         _check_fresh(device, now)
+    parts: list[tuple[int, float]] = []
+    labels: list[str] = []
+    unsupported: list[DeviceState] = []
+    for device in _counted_once(info.per_parent, selected):
         assert device.reading is not None
         value = info.read(device.reading)
         if value is None:
-            unsupported.append(device.index)
-        else:
-            parts.append((device.index, value))
+            unsupported.append(device)
+            continue
+        parts.append((device.index, value))
+        # A whole-GPU reading seen through an instance belongs to the GPU.
+        labels.append(f"GPU {device.index}" if info.per_parent else _label(device))
     if not parts:
-        gpus = ", ".join(str(i) for i in unsupported)
-        raise NoData(f"{spec.metric_type} is not supported on GPU {gpus} (no reading, not 0)")
+        raise NoData(_unsupported_message(spec, info.needs, unsupported))
     value = aggregate(spec.aggregation, [v for _, v in parts])
-    return Measurement(value, tuple(parts), tuple(unsupported))
+    return Measurement(
+        value, tuple(parts), tuple(d.index for d in unsupported), labels=tuple(labels)
+    )
+
+
+def _unsupported_message(spec: TriggerSpec, needs: str | None, devices: list[DeviceState]) -> str:
+    gpus = [str(d.index) for d in devices if not _is_instance(d)]
+    instances = [_label(d).removeprefix("MIG ") for d in devices if _is_instance(d)]
+    groups = [f"GPU {', '.join(gpus)}"] if gpus else []
+    groups += [f"MIG {', '.join(instances)}"] if instances else []
+    text = f"{spec.metric_type} is not supported on {' and '.join(groups)} (no reading, not 0)"
+    return text if needs is None else f"{text}: it needs {needs}"
 
 
 def decide(
@@ -105,7 +167,10 @@ def decide(
 def _explain(
     spec: TriggerSpec, measured: Measurement, outcome: CooldownOutcome, active: bool
 ) -> str:
-    parts = ", ".join(f"GPU {i}={v:g}" for i, v in measured.parts)
+    labels = measured.labels or tuple(f"GPU {i}" for i, _ in measured.parts)
+    parts = ", ".join(
+        f"{label}={v:g}" for label, (_, v) in zip(labels, measured.parts, strict=True)
+    )
     text = f"{spec.metric_type} {spec.aggregation} of [{parts}] = {measured.value:g}"
     if measured.unsupported:
         text += f" (not supported on GPU {', '.join(map(str, measured.unsupported))})"

@@ -1,4 +1,4 @@
-"""The Go project's ten profiles, with identical values.
+"""The Go project's ten profiles, with identical values, and this product's own.
 
 Only the metric name, metric type, target and activation are applied, as upstream. The
 cooldown figure is the one its examples copy into KEDA's ``cooldownPeriod``; it is kept
@@ -90,6 +90,18 @@ PROFILES: dict[str, Profile] = {
         ),
         _profile(
             "tgi-inference", MetricType.MEMORY_USED_PERCENT, 75, 5, 45, "TGI serving, VRAM in use"
+        ),
+        # Not upstream's. GPM SM activity is the honest "is the GPU computing" signal: on the
+        # measured H200 it read 96 % under a matmul loop, 26 % under a light load and 0 during
+        # host-to-device copies, while nvmlDeviceGetUtilizationRates said 99, 53 and up to 100.
+        # Hopper and newer only; elsewhere the trigger fails with a clear error, not 0.
+        _profile(
+            "gpu-busy",
+            MetricType.SM_ACTIVE,
+            70,
+            5,
+            60,
+            "any GPU workload, GPM SM activity (Hopper and newer)",
         ),
     )
 }

@@ -2,8 +2,14 @@
 
 Parse order (the first error wins): defaults, ``profile``, ``metricName``, ``metricType``,
 ``targetValue``, ``targetGpuUtilization``, ``targetMemoryUtilization``,
-``activationThreshold``, ``gpuIndex``, ``migInstance``, ``aggregation``, ``pollIntervalSeconds``, endpoints,
-endpoint-required checks, endpoint validation, ``cooldownSeconds``.
+``activationThreshold``, ``gpuIndex``, ``migInstance``, ``aggregation``,
+``pollIntervalSeconds``, endpoints, endpoint-required checks, endpoint validation,
+``cooldownSeconds``.
+
+``migInstance`` (this product's key, not the Go project's; empty counts as unset) names one
+MIG instance: its UUID (``MIG-...``; the older ``MIG-GPU-<uuid>/<gi>/<ci>`` form too) or
+``<gpu index>:<GPU instance id>[:<compute instance id>]``. It cannot be combined with a
+``gpuIndex`` other than -1.
 """
 
 from __future__ import annotations
@@ -54,7 +60,7 @@ _FLOAT = re.compile(r"[+-]?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][+-]?\d+)?")
 _NON_FINITE = re.compile(r"[+-]?(?:inf|infinity|nan)", re.IGNORECASE)
 _INT = re.compile(r"[+-]?\d+")
 _NAME_BAD_CHARS = re.compile(r"[^a-z0-9_-]")
-_MIG_UUID = re.compile(r"MIG-[0-9A-Za-z-]+")
+_MIG_UUID = re.compile(r"MIG-[0-9A-Za-z/-]+")
 _MIG_IDS = re.compile(r"(\d+):(\d+)(?::(\d+))?")
 _MIG_FORMAT = (
     "must be a MIG device UUID (MIG-...) or <gpu index>:<GPU instance id>"

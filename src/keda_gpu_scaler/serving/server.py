@@ -105,6 +105,12 @@ class _Server(Server):
         self.protocols.add(protocol)
         return protocol
 
+    async def wait_requests_done(self) -> None:
+        """Until every request task has finished, trailers included."""
+        tasks = [t for h in self._handlers for t in h._tasks.values() if not t.done()]
+        if tasks:
+            await asyncio.wait(tasks)
+
 
 class ScalerServer:
     """Serves an :class:`ExternalScalerService`; ``aclose()`` ends streams cleanly, then stops."""
@@ -129,21 +135,26 @@ class ScalerServer:
         listener = cast(asyncio.Server, self._server._server)
         return int(listener.sockets[0].getsockname()[1])
 
-    async def aclose(self, *, grace_s: float = 1.0) -> None:
-        """End open streams with status OK, stop accepting, close connections.
+    async def aclose(self, *, grace_s: float = 1.0, drain_s: float = 0.3) -> None:
+        """End open streams with status OK, stop accepting, then close connections.
 
-        Bounded by about twice ``grace_s`` whatever the clients do.
+        Streams and requests get ``grace_s`` to finish; connections then stay open for
+        ``drain_s`` so clients read the trailers already sent (some clients fail every
+        stream still unread when a GOAWAY arrives), and are closed whatever the clients do.
         """
         if not self._started:
             return
         self._started = False
+        streams_were_open = self.service.open_streams > 0
         self.service.begin_shutdown()
         with anyio.move_on_after(grace_s):
             await self.service.wait_streams_ended()
-        self._server.close()
+            # A handler that returned has yet to send its trailers (status OK).
+            await self._server.wait_requests_done()
+        self._server.close()  # stop listening; cancel whatever is still running
+        if streams_were_open:
+            await anyio.sleep(drain_s)
         for protocol in list(self._server.protocols):
             protocol.goaway_and_close()
         with anyio.move_on_after(grace_s):
             await self._server.wait_closed()
-        # Give transports one loop turn to flush the trailers and GOAWAY they buffered.
-        await asyncio.sleep(0)

@@ -171,8 +171,10 @@ class ExternalScalerService(ExternalScalerBase):
             if active is not None and (active != last or now - sent_at >= spec.poll_interval_s):
                 last, sent_at = active, now
                 yield active
-            wake_at = (sent_at if last is not None else now) + spec.poll_interval_s
-            await self._wait_newer(snapshot.version, deadline=wake_at)
+            # After a failure, try again on the next snapshot or a poll interval from now;
+            # a deadline already past would spin without ever yielding to time.
+            since = now if active is None else sent_at
+            await self._wait_newer(snapshot.version, deadline=since + spec.poll_interval_s)
 
     def _log_stream_failure(
         self, ref: ScaledObjectRef, spec: TriggerSpec, previous: str | None, reason: str

@@ -8,6 +8,11 @@ Fields (all but ``t`` optional; absent means "no reading"): ``t`` seconds since 
 ``nvlink_tx_mbps``/``nvlink_rx_mbps`` MB/s, and ``gpm`` with ``sm_util``, ``sm_occupancy``,
 ``any_tensor_util``, ``dram_bw_util`` in percent. A bare ``NaN`` is read as no reading.
 Frames of several GPUs share a ``t``.
+
+MIG (written by :mod:`keda_gpu_scaler.sources.recorder`, optional): ``mig_enabled`` true on
+a GPU that its instances stand for; on an instance, ``uuid`` is its ``MIG-...`` UUID,
+``index`` and ``parent_index`` its GPU's index, plus ``parent_uuid``, ``gpu_instance_id``
+and ``compute_instance_id``.
 """
 
 from __future__ import annotations
@@ -52,6 +57,11 @@ class TraceFrame(msgspec.Struct, frozen=True, omit_defaults=True):
     nvlink_tx_mbps: float | None = None
     nvlink_rx_mbps: float | None = None
     gpm: GpmFrame | None = None
+    mig_enabled: bool = False
+    parent_index: int | None = None
+    parent_uuid: str | None = None
+    gpu_instance_id: int | None = None
+    compute_instance_id: int | None = None
 
 
 _DECODER = msgspec.json.Decoder(TraceFrame)
@@ -128,4 +138,52 @@ def frame_to_reading(
         sm_occupancy=finite_or_none(gpm.sm_occupancy),
         tensor_active=finite_or_none(gpm.any_tensor_util),
         dram_bw_util=finite_or_none(gpm.dram_bw_util),
+        mig_enabled=frame.mig_enabled,
+        parent_index=frame.parent_index,
+        parent_uuid=frame.parent_uuid,
+        gpu_instance_id=frame.gpu_instance_id,
+        compute_instance_id=frame.compute_instance_id,
+    )
+
+
+def reading_to_frame(reading: GpuReading, t: float, *, phase: str | None = None) -> TraceFrame:
+    """The trace frame of a reading taken ``t`` seconds into a recording.
+
+    Memory is written as v2 does (``mem_used`` without ``mem_reserved``) when the reserved
+    part is known, so :func:`frame_to_reading` gives back the same v1-style used bytes.
+    """
+    used = reading.memory_used_bytes
+    if used is not None and reading.memory_reserved_bytes is not None:
+        used -= reading.memory_reserved_bytes
+    gpm = GpmFrame(
+        sm_util=reading.sm_active,
+        sm_occupancy=reading.sm_occupancy,
+        any_tensor_util=reading.tensor_active,
+        dram_bw_util=reading.dram_bw_util,
+    )
+    return TraceFrame(
+        t=round(t, 3),
+        phase=phase,
+        index=reading.index,
+        uuid=reading.uuid,
+        name=reading.name,
+        util_gpu=reading.gpu_utilization,
+        util_mem=reading.memory_utilization,
+        mem_used=used,
+        mem_total=reading.memory_total_bytes,
+        mem_reserved=reading.memory_reserved_bytes,
+        temp_c=reading.temperature_c,
+        power_mw=reading.power_mw,
+        power_limit_mw=reading.power_limit_mw,
+        clock_sm=reading.sm_clock_mhz,
+        pcie_tx_kbs=reading.pcie_tx_kbps,
+        pcie_rx_kbs=reading.pcie_rx_kbps,
+        nvlink_tx_mbps=reading.nvlink_tx_mbps,
+        nvlink_rx_mbps=reading.nvlink_rx_mbps,
+        gpm=None if gpm == GpmFrame() else gpm,
+        mig_enabled=reading.mig_enabled,
+        parent_index=reading.parent_index,
+        parent_uuid=reading.parent_uuid,
+        gpu_instance_id=reading.gpu_instance_id,
+        compute_instance_id=reading.compute_instance_id,
     )

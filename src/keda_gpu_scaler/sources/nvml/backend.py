@@ -1,0 +1,126 @@
+"""The NVML seam: the few NVML calls the sampler makes, typed, with translated errors.
+
+Every method is synchronous and may block (``pcie_throughput_kbs`` about 20 ms on an H200),
+so the sampler calls them from a worker thread. Every method raises only
+:class:`~keda_gpu_scaler.sources.nvml.errors.NvmlError` subclasses. Handles are opaque: the
+sampler passes them back to the backend that made them and never looks inside.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+Handle = object
+"""A device or MIG device handle, opaque to everything but its backend."""
+
+GpmSample = object
+"""A GPM sample buffer, opaque to everything but its backend."""
+
+# NVML field ids (nvml.h). NVLink throughput counters are cumulative KiB over all links.
+FI_NVLINK_THROUGHPUT_DATA_TX = 138
+FI_NVLINK_THROUGHPUT_DATA_RX = 139
+
+
+class GpmMetric(enum.IntEnum):
+    """NVML GPM metric ids (``NVML_GPM_METRIC_*`` in nvidia-ml-py 13.615)."""
+
+    SM_UTIL = 2
+    SM_OCCUPANCY = 3
+    ANY_TENSOR_UTIL = 5
+    DRAM_BW_UTIL = 10
+
+
+class PcieDirection(enum.IntEnum):
+    """``nvmlPcieUtilCounter_t``: TX is what the GPU sends, RX what it receives."""
+
+    TX = 0
+    RX = 1
+
+
+@dataclass(frozen=True, slots=True)
+class Utilization:
+    gpu: int
+    memory: int
+
+
+@dataclass(frozen=True, slots=True)
+class MemoryV1:
+    """``nvmlMemory_t``: ``used`` includes memory the driver reserves."""
+
+    total: int
+    free: int
+    used: int
+
+
+@dataclass(frozen=True, slots=True)
+class MemoryV2:
+    """``nvmlMemory_v2_t``: ``used`` excludes ``reserved`` (driver and firmware)."""
+
+    total: int
+    reserved: int
+    free: int
+    used: int
+
+
+@dataclass(frozen=True, slots=True)
+class FieldValue:
+    """One ``nvmlFieldValue_t``: a successful call can still carry a failed field."""
+
+    field_id: int
+    return_code: int
+    value: int
+    timestamp_us: int
+
+
+@dataclass(frozen=True, slots=True)
+class GpmMetricValue:
+    """One metric of ``nvmlGpmMetricsGet``: its own return code, and maybe NaN."""
+
+    metric_id: int
+    return_code: int
+    value: float
+
+
+class NvmlBackend(Protocol):
+    """What the sampler needs from NVML; :mod:`.pynvml_backend` and :mod:`.fake_backend`."""
+
+    def device_count(self) -> int: ...
+    def device_handle(self, index: int) -> Handle: ...
+    def uuid(self, handle: Handle) -> str: ...
+    def name(self, handle: Handle) -> str: ...
+    def utilization(self, handle: Handle) -> Utilization: ...
+    def memory_v1(self, handle: Handle) -> MemoryV1: ...
+    def memory_v2(self, handle: Handle) -> MemoryV2: ...
+    def temperature_c(self, handle: Handle) -> int: ...
+    def power_usage_mw(self, handle: Handle) -> int: ...
+    def power_limit_mw(self, handle: Handle) -> int: ...
+    def sm_clock_mhz(self, handle: Handle) -> int: ...
+    def fan_speed_percent(self, handle: Handle) -> int: ...
+    def pcie_throughput_kbs(self, handle: Handle, direction: PcieDirection) -> int: ...
+    def field_values(self, handle: Handle, field_ids: Sequence[int]) -> list[FieldValue]: ...
+    def mig_mode(self, handle: Handle) -> tuple[int, int]:
+        """(current, pending); 1 is enabled."""
+        ...
+
+    def max_mig_device_count(self, handle: Handle) -> int: ...
+    def mig_device_handle(self, handle: Handle, index: int) -> Handle:
+        """Raises :class:`NvmlAbsent` (NotFound) for a slot without an instance."""
+        ...
+
+    def gpu_instance_id(self, mig_handle: Handle) -> int: ...
+    def compute_instance_id(self, mig_handle: Handle) -> int: ...
+    def gpm_supported(self, handle: Handle) -> bool: ...
+    def gpm_sample_alloc(self) -> GpmSample: ...
+    def gpm_sample_free(self, sample: GpmSample) -> None: ...
+    def gpm_sample_get(self, handle: Handle, sample: GpmSample) -> None: ...
+    def gpm_mig_sample_get(self, handle: Handle, gpu_instance_id: int, sample: GpmSample) -> None:
+        """Sample one GPU instance of the MIG-enabled GPU ``handle``."""
+        ...
+
+    def gpm_metrics(
+        self, first: GpmSample, second: GpmSample, metric_ids: Sequence[int]
+    ) -> list[GpmMetricValue]: ...
+    def close(self) -> None: ...

@@ -1,0 +1,183 @@
+"""Discovering and reading devices; synchronous code that runs in a worker thread.
+
+Nothing here touches the event loop or its clock: times come in as arguments. A reading
+that raises :class:`NvmlAbsent` is left out; :class:`NvmlDeviceLost` and
+:class:`NvmlLibraryError` propagate to the sampler, which decides what they mean.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import ParamSpec, TypeVar
+
+from keda_gpu_scaler.sources.nvml.backend import GpmSample, Handle, NvmlBackend, PcieDirection
+from keda_gpu_scaler.sources.nvml.convert import (
+    GPM_METRICS,
+    NVLINK_FIELDS,
+    GpmReadings,
+    Memory,
+    NvlinkCounters,
+    gpm_readings,
+    memory_from_v1,
+    memory_from_v2,
+    nvlink_counters,
+    nvlink_rates,
+)
+from keda_gpu_scaler.sources.nvml.errors import NvmlAbsent, NvmlError
+
+_T = TypeVar("_T")
+_P = ParamSpec("_P")
+
+
+def maybe(read: Callable[_P, _T], *args: _P.args, **kwargs: _P.kwargs) -> _T | None:
+    """``read(*args)``, or None when this device cannot give it."""
+    try:
+        return read(*args, **kwargs)
+    except NvmlAbsent:
+        return None
+
+
+class GpmPair:
+    """Two GPM sample buffers; metrics come from the previous sample and the newest."""
+
+    def __init__(self, backend: NvmlBackend, take: Callable[[GpmSample], None]) -> None:
+        self._backend = backend
+        self._take = take
+        self._samples = [backend.gpm_sample_alloc(), backend.gpm_sample_alloc()]
+        self._primed = False
+
+    def read(self) -> GpmReadings:
+        """Metrics since the last call; absent on the first call and after a failed sample."""
+        try:
+            self._take(self._samples[1])
+        except NvmlAbsent:
+            self._primed = False
+            return GpmReadings()
+        if not self._primed:
+            self._primed = True
+            self._samples.reverse()
+            return GpmReadings()
+        older, newer = self._samples
+        metrics = maybe(self._backend.gpm_metrics, older, newer, GPM_METRICS)
+        self._samples.reverse()
+        return GpmReadings() if metrics is None else gpm_readings(metrics)
+
+    def free(self) -> None:
+        for sample in self._samples:
+            # Freeing after the GPU was lost may fail too; the buffer is gone either way.
+            with contextlib.suppress(NvmlError):
+                self._backend.gpm_sample_free(sample)
+
+
+@dataclass
+class MigDevice:
+    uuid: str
+    name: str
+    handle: Handle
+    gpu_instance_id: int
+    compute_instance_id: int
+    gpm: GpmPair | None = None
+    memory_v2: bool | None = None
+
+
+@dataclass
+class GpuDevice:
+    """A physical GPU and what the sampler remembers about it between cycles."""
+
+    index: int
+    uuid: str
+    name: str
+    handle: Handle
+    mig_enabled: bool = False
+    instances: list[MigDevice] = field(default_factory=list)
+    gpm: GpmPair | None = None
+    memory_v2: bool | None = None
+    """Whether memory info v2 works here (None: not tried yet); v1 is the fallback."""
+    nvlink: NvlinkCounters | None = None
+
+    def release(self) -> None:
+        for gpm in [self.gpm, *(i.gpm for i in self.instances)]:
+            if gpm is not None:
+                gpm.free()
+
+
+def discover_gpu(backend: NvmlBackend, index: int) -> GpuDevice:
+    handle = backend.device_handle(index)
+    gpu = GpuDevice(
+        index=index,
+        uuid=backend.uuid(handle),
+        name=maybe(backend.name, handle) or "NVIDIA GPU",
+        handle=handle,
+    )
+    gpm_ok = bool(maybe(backend.gpm_supported, handle))
+    mode = maybe(backend.mig_mode, handle)
+    gpu.mig_enabled = mode is not None and mode[0] == 1
+    if gpm_ok:
+        gpu.gpm = maybe(GpmPair, backend, lambda s: backend.gpm_sample_get(handle, s))
+    if gpu.mig_enabled:
+        gpu.instances = _discover_instances(backend, handle, gpm_ok=gpm_ok)
+    return gpu
+
+
+def _discover_instances(backend: NvmlBackend, parent: Handle, *, gpm_ok: bool) -> list[MigDevice]:
+    found = []
+    for slot in range(maybe(backend.max_mig_device_count, parent) or 0):
+        # An empty slot answers NotFound (the H200 with MIG off does the same for slot 0).
+        mig = maybe(backend.mig_device_handle, parent, slot)
+        if mig is None:
+            continue
+        gi = backend.gpu_instance_id(mig)
+        instance = MigDevice(
+            uuid=backend.uuid(mig),
+            name=maybe(backend.name, mig) or "MIG device",
+            handle=mig,
+            gpu_instance_id=gi,
+            compute_instance_id=backend.compute_instance_id(mig),
+        )
+        if gpm_ok:
+            instance.gpm = maybe(_mig_gpm, backend, parent, gi)
+        found.append(instance)
+    return found
+
+
+def _mig_gpm(backend: NvmlBackend, parent: Handle, gpu_instance_id: int) -> GpmPair:
+    return GpmPair(backend, lambda s: backend.gpm_mig_sample_get(parent, gpu_instance_id, s))
+
+
+def read_memory(backend: NvmlBackend, handle: Handle, device: GpuDevice | MigDevice) -> Memory:
+    """v2 where the driver has it (it separates reserved memory), else v1."""
+    if device.memory_v2 is not False:
+        try:
+            memory = memory_from_v2(backend.memory_v2(handle))
+        except NvmlAbsent:
+            if device.memory_v2 is None:
+                device.memory_v2 = False
+        else:
+            device.memory_v2 = True
+            return memory
+    return memory_from_v1(maybe(backend.memory_v1, handle))
+
+
+def read_pcie(backend: NvmlBackend, handle: Handle) -> tuple[int | None, int | None]:
+    """(TX, RX) KB/s. Each call blocks about 20 ms while NVML samples the link."""
+    try:
+        tx = maybe(backend.pcie_throughput_kbs, handle, PcieDirection.TX)
+        rx = maybe(backend.pcie_throughput_kbs, handle, PcieDirection.RX)
+    except NvmlError:
+        # A lost device or a broken library is the fast cycle's to report.
+        return None, None
+    return tx, rx
+
+
+def read_nvlink(
+    backend: NvmlBackend, gpu: GpuDevice, now: float
+) -> tuple[float | None, float | None]:
+    values = maybe(backend.field_values, gpu.handle, NVLINK_FIELDS)
+    if values is None:
+        return None, None
+    counters = nvlink_counters(values, now)
+    rates = nvlink_rates(gpu.nvlink, counters)
+    gpu.nvlink = counters
+    return rates

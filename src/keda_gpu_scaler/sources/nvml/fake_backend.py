@@ -1,0 +1,393 @@
+"""FakeNvml: a scriptable NVML backend that behaves like the H200 that was measured.
+
+What it reproduces from ``tests/fixtures/nvml-h200`` (a real capture): NVLink throughput
+fields that come back from a successful call with a per-field NotSupported and a value of
+0; GPM DRAM bandwidth that is sometimes NaN; memory info v1 ``used`` = v2 ``used`` +
+``reserved``; ``nvmlDeviceGetMigDeviceHandleByIndex`` raising NotFound with MIG disabled;
+fan speed NotSupported. On top of that: MIG layouts, several GPUs, lost GPUs, injected
+error codes and slow calls (the delay goes through an injectable ``sleep`` so tests can
+advance a fake clock instead of sleeping).
+"""
+
+from __future__ import annotations
+
+import collections
+import math
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+from keda_gpu_scaler.sources.nvml.backend import (
+    FI_NVLINK_THROUGHPUT_DATA_RX,
+    FI_NVLINK_THROUGHPUT_DATA_TX,
+    FieldValue,
+    GpmMetric,
+    GpmMetricValue,
+    GpmSample,
+    Handle,
+    MemoryV1,
+    MemoryV2,
+    PcieDirection,
+    Utilization,
+)
+from keda_gpu_scaler.sources.nvml.errors import NvmlCode, nvml_error
+
+MIB = 1 << 20
+H200_UUID = "GPU-4f60bdab-7290-5bab-ee63-d697ab1e6349"
+H200_TOTAL = 150_754_820_096
+H200_RESERVED = 644_939_776
+H200_IDLE_GPM: dict[int, float] = {
+    GpmMetric.SM_UTIL: 0.0,
+    GpmMetric.SM_OCCUPANCY: 0.0,
+    GpmMetric.ANY_TENSOR_UTIL: 0.0,
+    GpmMetric.DRAM_BW_UTIL: math.nan,  # as in the first frame of the capture
+}
+
+
+@dataclass
+class FakeMigInstance:
+    """One MIG device (a compute instance inside a GPU instance)."""
+
+    uuid: str
+    gpu_instance_id: int
+    compute_instance_id: int = 0
+    name: str = "NVIDIA H200 MIG 1g.18gb"
+    memory_total: int = 16384 * MIB
+    memory_used: int = 0
+    memory_reserved: int = 0
+    gpm: dict[int, float] = field(default_factory=dict)
+
+
+@dataclass
+class FakeGpu:
+    """One physical GPU; ``None`` readings raise NotSupported, like the H200's fan."""
+
+    uuid: str
+    name: str = "NVIDIA H200"
+    utilization: Utilization | None = field(default_factory=lambda: Utilization(0, 0))
+    memory_total: int = H200_TOTAL
+    memory_used: int = 0
+    """Memory info v2 ``used``; v1 reports ``memory_used + memory_reserved``."""
+    memory_reserved: int = H200_RESERVED
+    memory_v2_supported: bool = True
+    temperature_c: int | None = 36
+    power_mw: int | None = 123_590
+    power_limit_mw: int | None = 700_000
+    sm_clock_mhz: int | None = 1980
+    fan_percent: int | None = None
+    pcie_tx_kbs: int | None = 1315
+    pcie_rx_kbs: int | None = 423
+    nvlink_tx_kib: int | None = None
+    """Cumulative NVLink TX counter; None: the field's own return code is NotSupported."""
+    nvlink_rx_kib: int | None = None
+    gpm_supported: bool = True
+    gpm: dict[int, float] = field(default_factory=lambda: dict(H200_IDLE_GPM))
+    mig_enabled: bool = False
+    mig_slots: int = 0
+    instances: list[FakeMigInstance] = field(default_factory=list)
+    lost: bool = False
+
+
+def h200_gpu(index: int = 0) -> FakeGpu:
+    """An idle H200 as captured; index 0 keeps the real UUID."""
+    return FakeGpu(uuid=H200_UUID if index == 0 else f"GPU-fake-h200-{index:04d}")
+
+
+def mig_instances(parent: int, count: int, *, first_gi: int = 7) -> list[FakeMigInstance]:
+    """``count`` 1g instances with GPU instance ids from ``first_gi``, as a 7-way split."""
+    return [
+        FakeMigInstance(uuid=f"MIG-fake-{parent}-{first_gi + i}", gpu_instance_id=first_gi + i)
+        for i in range(count)
+    ]
+
+
+def enable_mig(gpu: FakeGpu, instances: Sequence[FakeMigInstance], *, slots: int = 7) -> None:
+    gpu.mig_enabled = True
+    gpu.mig_slots = slots
+    gpu.instances = list(instances)
+
+
+@dataclass(frozen=True, slots=True)
+class _Handle:
+    gpu: int
+    instance: FakeMigInstance | None = None
+
+
+@dataclass
+class _Sample:
+    key: tuple[int, int | None] | None = None
+    values: dict[int, float] = field(default_factory=dict)
+    seq: int = 0
+    freed: bool = False
+
+
+@dataclass
+class _Fault:
+    call: str
+    code: int
+    gpu: int | None
+    remaining: int | None
+
+
+class FakeNvml:
+    """A backend over :class:`FakeGpu` objects; tests mutate the GPUs between cycles."""
+
+    def __init__(
+        self,
+        gpus: Sequence[FakeGpu],
+        *,
+        clock: Callable[[], float] = time.monotonic,
+        sleep: Callable[[float], None] = time.sleep,
+    ) -> None:
+        self.gpus = list(gpus)
+        self.calls: collections.Counter[str] = collections.Counter()
+        self.closed = False
+        self.live_gpm_samples = 0
+        self._clock = clock
+        self._sleep = sleep
+        self._latency: dict[str, float] = {}
+        self._faults: list[_Fault] = []
+        self._seq = 0
+
+    @classmethod
+    def h200(
+        cls,
+        count: int = 1,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+        sleep: Callable[[float], None] = time.sleep,
+    ) -> FakeNvml:
+        """``count`` H200s at idle, as captured (GPU 0 keeps the real UUID)."""
+        gpus = [h200_gpu(i) for i in range(count)]
+        return cls(gpus, clock=clock, sleep=sleep)
+
+    # scripting -----------------------------------------------------------------------
+
+    def lose(self, index: int) -> None:
+        """GPU ``index`` falls off the bus: every call on it raises GpuIsLost."""
+        self.gpus[index].lost = True
+
+    def restore(self, index: int) -> None:
+        self.gpus[index].lost = False
+
+    def fail(
+        self, call: str, code: int, *, gpu: int | None = None, times: int | None = None
+    ) -> None:
+        """Make ``call`` (a backend method name) return NVML ``code``, ``times`` times."""
+        self._faults.append(_Fault(call, code, gpu, times))
+
+    def set_latency(self, call: str, seconds: float) -> None:
+        """Make ``call`` take ``seconds`` (through the injected ``sleep``)."""
+        self._latency[call] = seconds
+
+    # plumbing ------------------------------------------------------------------------
+
+    def _enter(self, call: str, handle: Handle | None = None) -> _Handle | None:
+        self.calls[call] += 1
+        if (delay := self._latency.get(call)) is not None:
+            self._sleep(delay)
+        h = None
+        if handle is not None:
+            if not isinstance(handle, _Handle):
+                raise nvml_error(NvmlCode.INVALID_ARGUMENT, call)
+            h = handle
+        self._raise_injected(call, None if h is None else h.gpu)
+        if h is not None and self.gpus[h.gpu].lost:
+            raise nvml_error(NvmlCode.GPU_IS_LOST, call)
+        return h
+
+    def _raise_injected(self, call: str, gpu: int | None) -> None:
+        for fault in self._faults:
+            if fault.call == call and fault.gpu in (None, gpu):
+                if fault.remaining is not None:
+                    fault.remaining -= 1
+                    if fault.remaining <= 0:
+                        self._faults.remove(fault)
+                raise nvml_error(fault.code, call)
+
+    def _gpu(self, call: str, handle: Handle, *, mig_ok: bool = False) -> FakeGpu:
+        h = self._enter(call, handle)
+        assert h is not None
+        if h.instance is not None and not mig_ok:
+            # Whole-GPU readings do not exist on a MIG device handle.
+            raise nvml_error(NvmlCode.NOT_SUPPORTED, call)
+        return self.gpus[h.gpu]
+
+    @staticmethod
+    def _value(call: str, value: int | None) -> int:
+        if value is None:
+            raise nvml_error(NvmlCode.NOT_SUPPORTED, call)
+        return value
+
+    # NvmlBackend ---------------------------------------------------------------------
+
+    def close(self) -> None:
+        self.calls["close"] += 1
+        self.closed = True
+
+    def device_count(self) -> int:
+        self._enter("device_count")
+        return len(self.gpus)
+
+    def device_handle(self, index: int) -> Handle:
+        self._enter("device_handle")
+        if not 0 <= index < len(self.gpus):
+            raise nvml_error(NvmlCode.INVALID_ARGUMENT, "device_handle")
+        if self.gpus[index].lost:
+            raise nvml_error(NvmlCode.GPU_IS_LOST, "device_handle")
+        return _Handle(index)
+
+    def uuid(self, handle: Handle) -> str:
+        h = self._enter("uuid", handle)
+        assert h is not None
+        return h.instance.uuid if h.instance else self.gpus[h.gpu].uuid
+
+    def name(self, handle: Handle) -> str:
+        h = self._enter("name", handle)
+        assert h is not None
+        return h.instance.name if h.instance else self.gpus[h.gpu].name
+
+    def utilization(self, handle: Handle) -> Utilization:
+        gpu = self._gpu("utilization", handle)
+        if gpu.mig_enabled or gpu.utilization is None:
+            # A100/H100 in MIG mode have no whole-GPU utilization either.
+            raise nvml_error(NvmlCode.NOT_SUPPORTED, "utilization")
+        return gpu.utilization
+
+    def memory_v1(self, handle: Handle) -> MemoryV1:
+        total, used, reserved = self._memory("memory_v1", handle)
+        return MemoryV1(total=total, free=total - used - reserved, used=used + reserved)
+
+    def memory_v2(self, handle: Handle) -> MemoryV2:
+        total, used, reserved = self._memory("memory_v2", handle)
+        return MemoryV2(total=total, reserved=reserved, free=total - used - reserved, used=used)
+
+    def _memory(self, call: str, handle: Handle) -> tuple[int, int, int]:
+        h = self._enter(call, handle)
+        assert h is not None
+        if h.instance is not None:
+            i = h.instance
+            return i.memory_total, i.memory_used, i.memory_reserved
+        gpu = self.gpus[h.gpu]
+        if call == "memory_v2" and not gpu.memory_v2_supported:
+            raise nvml_error(NvmlCode.FUNCTION_NOT_FOUND, call)
+        return gpu.memory_total, gpu.memory_used, gpu.memory_reserved
+
+    def temperature_c(self, handle: Handle) -> int:
+        return self._value("temperature_c", self._gpu("temperature_c", handle).temperature_c)
+
+    def power_usage_mw(self, handle: Handle) -> int:
+        return self._value("power_usage_mw", self._gpu("power_usage_mw", handle).power_mw)
+
+    def power_limit_mw(self, handle: Handle) -> int:
+        return self._value("power_limit_mw", self._gpu("power_limit_mw", handle).power_limit_mw)
+
+    def sm_clock_mhz(self, handle: Handle) -> int:
+        return self._value("sm_clock_mhz", self._gpu("sm_clock_mhz", handle).sm_clock_mhz)
+
+    def fan_speed_percent(self, handle: Handle) -> int:
+        return self._value("fan_speed_percent", self._gpu("fan_speed_percent", handle).fan_percent)
+
+    def pcie_throughput_kbs(self, handle: Handle, direction: PcieDirection) -> int:
+        gpu = self._gpu("pcie_throughput_kbs", handle)
+        value = gpu.pcie_tx_kbs if direction is PcieDirection.TX else gpu.pcie_rx_kbs
+        return self._value("pcie_throughput_kbs", value)
+
+    def field_values(self, handle: Handle, field_ids: Sequence[int]) -> list[FieldValue]:
+        gpu = self._gpu("field_values", handle)
+        counters = {
+            FI_NVLINK_THROUGHPUT_DATA_TX: gpu.nvlink_tx_kib,
+            FI_NVLINK_THROUGHPUT_DATA_RX: gpu.nvlink_rx_kib,
+        }
+        stamp = int(self._clock() * 1e6)
+        out = []
+        for field_id in field_ids:
+            value = counters.get(field_id)
+            code = NvmlCode.NOT_SUPPORTED if value is None else 0
+            out.append(FieldValue(field_id, int(code), value or 0, stamp))
+        return out
+
+    def mig_mode(self, handle: Handle) -> tuple[int, int]:
+        gpu = self._gpu("mig_mode", handle)
+        return (int(gpu.mig_enabled), int(gpu.mig_enabled))
+
+    def max_mig_device_count(self, handle: Handle) -> int:
+        gpu = self._gpu("max_mig_device_count", handle)
+        return gpu.mig_slots if gpu.mig_enabled else 0
+
+    def mig_device_handle(self, handle: Handle, index: int) -> Handle:
+        h = self._enter("mig_device_handle", handle)
+        assert h is not None
+        gpu = self.gpus[h.gpu]
+        if not gpu.mig_enabled or not 0 <= index < len(gpu.instances):
+            raise nvml_error(NvmlCode.NOT_FOUND, "mig_device_handle")
+        return _Handle(h.gpu, gpu.instances[index])
+
+    def gpu_instance_id(self, mig_handle: Handle) -> int:
+        return self._instance("gpu_instance_id", mig_handle).gpu_instance_id
+
+    def compute_instance_id(self, mig_handle: Handle) -> int:
+        return self._instance("compute_instance_id", mig_handle).compute_instance_id
+
+    def _instance(self, call: str, handle: Handle) -> FakeMigInstance:
+        h = self._enter(call, handle)
+        if h is None or h.instance is None:
+            raise nvml_error(NvmlCode.INVALID_ARGUMENT, call)
+        return h.instance
+
+    def gpm_supported(self, handle: Handle) -> bool:
+        return self._gpu("gpm_supported", handle).gpm_supported
+
+    def gpm_sample_alloc(self) -> GpmSample:
+        self._enter("gpm_sample_alloc")
+        self.live_gpm_samples += 1
+        return _Sample()
+
+    def gpm_sample_free(self, sample: GpmSample) -> None:
+        self._enter("gpm_sample_free")
+        s = self._sample("gpm_sample_free", sample)
+        s.freed = True
+        self.live_gpm_samples -= 1
+
+    def gpm_sample_get(self, handle: Handle, sample: GpmSample) -> None:
+        h = self._enter("gpm_sample_get", handle)
+        assert h is not None
+        gpu = self.gpus[h.gpu]
+        if h.instance is not None or not gpu.gpm_supported:
+            raise nvml_error(NvmlCode.NOT_SUPPORTED, "gpm_sample_get")
+        self._fill(self._sample("gpm_sample_get", sample), (h.gpu, None), gpu.gpm)
+
+    def gpm_mig_sample_get(self, handle: Handle, gpu_instance_id: int, sample: GpmSample) -> None:
+        gpu = self._gpu("gpm_mig_sample_get", handle)
+        if not gpu.gpm_supported or not gpu.mig_enabled:
+            raise nvml_error(NvmlCode.NOT_SUPPORTED, "gpm_mig_sample_get")
+        found = [i for i in gpu.instances if i.gpu_instance_id == gpu_instance_id]
+        if not found:
+            raise nvml_error(NvmlCode.NOT_FOUND, "gpm_mig_sample_get")
+        key = (self.gpus.index(gpu), gpu_instance_id)
+        self._fill(self._sample("gpm_mig_sample_get", sample), key, found[0].gpm)
+
+    def _sample(self, call: str, sample: GpmSample) -> _Sample:
+        if not isinstance(sample, _Sample) or sample.freed:
+            raise nvml_error(NvmlCode.INVALID_ARGUMENT, call)
+        return sample
+
+    def _fill(self, sample: _Sample, key: tuple[int, int | None], values: dict[int, float]) -> None:
+        self._seq += 1
+        sample.key, sample.values, sample.seq = key, dict(values), self._seq
+
+    def gpm_metrics(
+        self, first: GpmSample, second: GpmSample, metric_ids: Sequence[int]
+    ) -> list[GpmMetricValue]:
+        self._enter("gpm_metrics")
+        a = self._sample("gpm_metrics", first)
+        b = self._sample("gpm_metrics", second)
+        # NVML needs two samples of the same device, the older one first.
+        if a.key is None or a.key != b.key or not a.seq < b.seq:
+            raise nvml_error(NvmlCode.INVALID_ARGUMENT, "gpm_metrics")
+        out = []
+        for metric_id in metric_ids:
+            value = b.values.get(metric_id)
+            code = NvmlCode.NOT_SUPPORTED if value is None else 0
+            out.append(GpmMetricValue(metric_id, int(code), 0.0 if value is None else value))
+        return out

@@ -1,0 +1,143 @@
+"""One cycle's readings of one physical GPU and its MIG instances (worker-thread code).
+
+A MIG instance gets its own utilization (absent: NVML has none per instance), memory and
+GPM, plus copies of its GPU's whole-GPU readings (temperature, power, clocks, PCIe,
+NVLink) marked through ``parent_index``, so the decision layer counts those once per GPU.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import msgspec
+
+from keda_gpu_scaler.domain.samples import DeviceKey, GpuReading, SourceFault
+from keda_gpu_scaler.sources.nvml.backend import Handle, NvmlBackend, Utilization
+from keda_gpu_scaler.sources.nvml.convert import GpmReadings, Memory
+from keda_gpu_scaler.sources.nvml.devices import (
+    GpuDevice,
+    MigDevice,
+    maybe,
+    read_memory,
+    read_nvlink,
+)
+
+PcieValue = tuple[int | None, int | None]
+
+
+@dataclass(frozen=True, slots=True)
+class Cycle:
+    source: str
+    taken_at: float
+    period_s: float
+
+
+@dataclass(frozen=True, slots=True)
+class _WholeGpu:
+    temperature_c: int | None
+    power_mw: int | None
+    power_limit_mw: int | None
+    sm_clock_mhz: int | None
+    pcie: PcieValue
+    nvlink: tuple[float | None, float | None]
+
+
+@dataclass(frozen=True, slots=True)
+class _Own:
+    utilization: Utilization | None
+    memory: Memory
+    gpm: GpmReadings
+
+
+def read_gpu(
+    backend: NvmlBackend, gpu: GpuDevice, cycle: Cycle, pcie: PcieValue
+) -> list[GpuReading]:
+    """The GPU's reading, then one per MIG instance; raises NvmlDeviceLost for the lot."""
+    whole = _WholeGpu(
+        temperature_c=maybe(backend.temperature_c, gpu.handle),
+        power_mw=maybe(backend.power_usage_mw, gpu.handle),
+        power_limit_mw=maybe(backend.power_limit_mw, gpu.handle),
+        sm_clock_mhz=maybe(backend.sm_clock_mhz, gpu.handle),
+        pcie=pcie,
+        nvlink=read_nvlink(backend, gpu, cycle.taken_at),
+    )
+    readings = [_reading(cycle, gpu, whole, _own(backend, gpu.handle, gpu))]
+    for instance in gpu.instances:
+        own = _own(backend, instance.handle, instance)
+        readings.append(_instance_reading(cycle, gpu, instance, whole, own))
+    return readings
+
+
+def _own(backend: NvmlBackend, handle: Handle, device: GpuDevice | MigDevice) -> _Own:
+    return _Own(
+        utilization=maybe(backend.utilization, handle),
+        memory=read_memory(backend, handle, device),
+        gpm=GpmReadings() if device.gpm is None else device.gpm.read(),
+    )
+
+
+def _reading(cycle: Cycle, gpu: GpuDevice, whole: _WholeGpu, own: _Own) -> GpuReading:
+    util, memory, gpm = own.utilization, own.memory, own.gpm
+    return GpuReading(
+        source=cycle.source,
+        key=DeviceKey(gpu.uuid),
+        index=gpu.index,
+        uuid=gpu.uuid,
+        name=gpu.name,
+        taken_at=cycle.taken_at,
+        period_s=cycle.period_s,
+        gpu_utilization=None if util is None else float(util.gpu),
+        memory_utilization=None if util is None else float(util.memory),
+        memory_used_bytes=memory.used_bytes,
+        memory_total_bytes=memory.total_bytes,
+        memory_reserved_bytes=memory.reserved_bytes,
+        temperature_c=_float(whole.temperature_c),
+        power_mw=_float(whole.power_mw),
+        power_limit_mw=_float(whole.power_limit_mw),
+        sm_clock_mhz=_float(whole.sm_clock_mhz),
+        pcie_tx_kbps=_float(whole.pcie[0]),
+        pcie_rx_kbps=_float(whole.pcie[1]),
+        nvlink_tx_mbps=whole.nvlink[0],
+        nvlink_rx_mbps=whole.nvlink[1],
+        sm_active=gpm.sm_active,
+        sm_occupancy=gpm.sm_occupancy,
+        tensor_active=gpm.tensor_active,
+        dram_bw_util=gpm.dram_bw_util,
+        mig_enabled=gpu.mig_enabled,
+    )
+
+
+def _instance_reading(
+    cycle: Cycle, gpu: GpuDevice, instance: MigDevice, whole: _WholeGpu, own: _Own
+) -> GpuReading:
+    return msgspec.structs.replace(
+        _reading(cycle, gpu, whole, own),
+        key=DeviceKey(instance.uuid),
+        uuid=instance.uuid,
+        name=instance.name,
+        mig_enabled=False,
+        parent_index=gpu.index,
+        parent_uuid=gpu.uuid,
+        gpu_instance_id=instance.gpu_instance_id,
+        compute_instance_id=instance.compute_instance_id,
+    )
+
+
+def lost_faults(gpu: GpuDevice, cycle: Cycle, reason: str) -> list[SourceFault]:
+    """The GPU and every instance on it are lost together."""
+    keys = [gpu.uuid, *(i.uuid for i in gpu.instances)]
+    return [
+        SourceFault(
+            source=cycle.source,
+            key=DeviceKey(key),
+            at=cycle.taken_at,
+            reason=reason,
+            index=gpu.index,
+            lost=True,
+        )
+        for key in keys
+    ]
+
+
+def _float(value: int | None) -> float | None:
+    return None if value is None else float(value)

@@ -1,0 +1,181 @@
+"""The fake NVML backend reproduces what the real H200 answered, and scripts the rest."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from keda_gpu_scaler.sources.nvml.backend import (
+    FI_NVLINK_THROUGHPUT_DATA_RX,
+    FI_NVLINK_THROUGHPUT_DATA_TX,
+    GpmMetric,
+    PcieDirection,
+)
+from keda_gpu_scaler.sources.nvml.errors import (
+    NvmlAbsent,
+    NvmlCode,
+    NvmlDeviceLost,
+    NvmlError,
+    NvmlLibraryError,
+)
+from keda_gpu_scaler.sources.nvml.fake_backend import (
+    FakeGpu,
+    FakeNvml,
+    enable_mig,
+    mig_instances,
+)
+
+PROBE: dict[str, Any] = json.loads(
+    (Path(__file__).parent / "fixtures" / "nvml-h200" / "probe.json").read_text()
+)
+STATIC = PROBE["static"]
+
+
+def test_h200_preset_matches_the_probe() -> None:
+    nvml = FakeNvml.h200()
+    h = nvml.device_handle(0)
+    assert nvml.device_count() == STATIC["count"]
+    assert (nvml.uuid(h), nvml.name(h)) == (STATIC["uuid"], STATIC["name"])
+    v1, v2 = nvml.memory_v1(h), nvml.memory_v2(h)
+    assert (v1.total, v1.free, v1.used) == tuple(
+        STATIC["memory_v1"][k] for k in ("total", "free", "used")
+    )
+    assert (v2.total, v2.reserved, v2.free, v2.used) == tuple(
+        STATIC["memory_v2"][k] for k in ("total", "reserved", "free", "used")
+    )
+    assert nvml.temperature_c(h) == STATIC["temp_c"]
+    assert nvml.power_usage_mw(h) == STATIC["power_mw"]
+    assert nvml.power_limit_mw(h) == STATIC["enforced_power_limit_mw"]
+    assert nvml.sm_clock_mhz(h) == STATIC["clock_sm"]
+    assert nvml.pcie_throughput_kbs(h, PcieDirection.TX) == STATIC["pcie_tx_kbs"]
+    assert nvml.pcie_throughput_kbs(h, PcieDirection.RX) == STATIC["pcie_rx_kbs"]
+    util = nvml.utilization(h)
+    assert (util.gpu, util.memory) == (STATIC["util"]["gpu"], STATIC["util"]["memory"])
+    assert nvml.mig_mode(h) == tuple(STATIC["mig_mode"])
+    assert nvml.max_mig_device_count(h) == STATIC["max_mig"]
+    assert nvml.gpm_supported(h) is bool(PROBE["gpm"]["supported"]["isSupportedDevice"])
+
+
+@pytest.mark.parametrize(
+    ("probe_error", "call"),
+    [
+        ("fan", lambda n, h: n.fan_speed_percent(h)),
+        ("mig_by_index", lambda n, h: n.mig_device_handle(h, 0)),
+    ],
+)
+def test_h200_errors_match_the_probe(probe_error: str, call: Any) -> None:
+    nvml = FakeNvml.h200()
+    with pytest.raises(NvmlAbsent) as caught:
+        call(nvml, nvml.device_handle(0))
+    assert caught.value.code == PROBE["errors"][probe_error]["value"]
+
+
+def test_h200_nvlink_fields_succeed_with_a_per_field_not_supported() -> None:
+    nvml = FakeNvml.h200()
+    ids = [FI_NVLINK_THROUGHPUT_DATA_TX, FI_NVLINK_THROUGHPUT_DATA_RX]
+    values = nvml.field_values(nvml.device_handle(0), ids)
+    probe = {f["fieldId"]: f for f in STATIC["fieldvalues"]}
+    assert [(v.field_id, v.return_code, v.value) for v in values] == [
+        (i, probe[i]["nvmlReturn"], probe[i]["ull"]) for i in ids
+    ]
+
+
+def test_h200_gpm_gives_nan_dram_bandwidth_between_two_samples() -> None:
+    nvml = FakeNvml.h200()
+    h = nvml.device_handle(0)
+    first, second = nvml.gpm_sample_alloc(), nvml.gpm_sample_alloc()
+    nvml.gpm_sample_get(h, first)
+    nvml.gpm_sample_get(h, second)
+    metrics = {m.metric_id: m for m in nvml.gpm_metrics(first, second, list(GpmMetric))}
+    assert math.isnan(metrics[GpmMetric.DRAM_BW_UTIL].value)
+    assert metrics[GpmMetric.DRAM_BW_UTIL].return_code == 0
+    assert metrics[GpmMetric.SM_UTIL].value == 0.0
+
+
+def test_gpm_metrics_need_two_samples_oldest_first() -> None:
+    nvml = FakeNvml.h200()
+    h = nvml.device_handle(0)
+    first, second = nvml.gpm_sample_alloc(), nvml.gpm_sample_alloc()
+    nvml.gpm_sample_get(h, first)
+    with pytest.raises(NvmlAbsent):
+        nvml.gpm_metrics(first, second, [GpmMetric.SM_UTIL])
+    nvml.gpm_sample_get(h, second)
+    with pytest.raises(NvmlAbsent):
+        nvml.gpm_metrics(second, first, [GpmMetric.SM_UTIL])
+
+
+def test_mig_layout_handles_and_ids() -> None:
+    gpu = FakeGpu(uuid="GPU-a")
+    enable_mig(gpu, mig_instances(0, 2, first_gi=9))
+    nvml = FakeNvml([gpu])
+    parent = nvml.device_handle(0)
+    assert nvml.mig_mode(parent) == (1, 1)
+    assert nvml.max_mig_device_count(parent) == 7
+    mig = nvml.mig_device_handle(parent, 1)
+    assert (nvml.gpu_instance_id(mig), nvml.compute_instance_id(mig)) == (10, 0)
+    assert nvml.uuid(mig) == "MIG-fake-0-10"
+    assert nvml.memory_v2(mig).total == 16384 << 20
+    with pytest.raises(NvmlAbsent):
+        nvml.mig_device_handle(parent, 2)  # an empty slot
+    with pytest.raises(NvmlAbsent):
+        nvml.temperature_c(mig)  # whole-GPU readings only on the parent
+    with pytest.raises(NvmlAbsent):
+        nvml.utilization(parent)  # no whole-GPU utilization in MIG mode
+    with pytest.raises(NvmlAbsent):
+        nvml.gpu_instance_id(parent)
+
+
+def test_lost_gpu_raises_gpu_is_lost_on_every_call_until_restored() -> None:
+    nvml = FakeNvml.h200(2)
+    h = nvml.device_handle(1)
+    nvml.lose(1)
+    with pytest.raises(NvmlDeviceLost) as caught:
+        nvml.temperature_c(h)
+    assert caught.value.code == NvmlCode.GPU_IS_LOST
+    with pytest.raises(NvmlDeviceLost):
+        nvml.device_handle(1)
+    assert nvml.temperature_c(nvml.device_handle(0)) == 36
+    nvml.restore(1)
+    assert nvml.temperature_c(nvml.device_handle(1)) == 36
+
+
+def test_injected_faults_hit_the_named_call_gpu_and_count() -> None:
+    nvml = FakeNvml.h200(2)
+    nvml.fail("temperature_c", NvmlCode.UNKNOWN, gpu=1, times=2)
+    nvml.fail("device_count", NvmlCode.DRIVER_NOT_LOADED, times=1)
+    h0, h1 = nvml.device_handle(0), nvml.device_handle(1)
+    assert nvml.temperature_c(h0) == 36
+    for _ in range(2):
+        with pytest.raises(NvmlDeviceLost):
+            nvml.temperature_c(h1)
+    assert nvml.temperature_c(h1) == 36
+    with pytest.raises(NvmlLibraryError):
+        nvml.device_count()
+    assert nvml.device_count() == 2
+
+
+def test_slow_calls_go_through_the_injected_sleep() -> None:
+    slept: list[float] = []
+    nvml = FakeNvml.h200(sleep=slept.append)
+    nvml.set_latency("pcie_throughput_kbs", 0.0208)
+    h = nvml.device_handle(0)
+    nvml.pcie_throughput_kbs(h, PcieDirection.TX)
+    nvml.temperature_c(h)
+    assert slept == [0.0208]
+    assert nvml.calls["pcie_throughput_kbs"] == 1
+
+
+def test_foreign_handles_and_freed_samples_are_refused() -> None:
+    nvml = FakeNvml.h200()
+    with pytest.raises(NvmlError):
+        nvml.temperature_c(object())
+    sample = nvml.gpm_sample_alloc()
+    assert nvml.live_gpm_samples == 1
+    nvml.gpm_sample_free(sample)
+    assert nvml.live_gpm_samples == 0
+    with pytest.raises(NvmlAbsent):
+        nvml.gpm_sample_get(nvml.device_handle(0), sample)

@@ -1,0 +1,142 @@
+"""Recording a replay trace from an NVML backend, and reading old and new traces back."""
+
+from __future__ import annotations
+
+import math
+from importlib import resources
+from pathlib import Path
+
+import anyio
+import pytest
+import trio.testing
+
+from keda_gpu_scaler.domain.errors import SourceFailure, SourceUnavailable
+from keda_gpu_scaler.domain.samples import GpuReading
+from keda_gpu_scaler.sources.nvml.backend import GpmMetric
+from keda_gpu_scaler.sources.nvml.errors import NvmlCode
+from keda_gpu_scaler.sources.nvml.fake_backend import FakeNvml, enable_mig, h200_gpu, mig_instances
+from keda_gpu_scaler.sources.nvml.testing import inline
+from keda_gpu_scaler.sources.recorder import record_trace
+from keda_gpu_scaler.sources.trace import frame_to_reading, parse_trace, reading_to_frame
+
+_COMPARED = [f for f in GpuReading.__struct_fields__ if f not in {"source", "taken_at", "period_s"}]
+
+
+def _node() -> FakeNvml:
+    mig = h200_gpu(0)
+    enable_mig(mig, mig_instances(0, 2))
+    mig.instances[1].gpm = {GpmMetric.SM_UTIL: 42.0}
+    return FakeNvml([mig, h200_gpu(1)])
+
+
+@pytest.mark.trio
+async def test_recording_writes_one_frame_per_device_and_cycle(
+    autojump_clock: trio.testing.MockClock, tmp_path: Path
+) -> None:
+    output = tmp_path / "trace.jsonl"
+    summary = await record_trace(
+        _node(), output, duration_s=3.0, interval_s=1.0, phase="idle", call_in_thread=inline
+    )
+    frames = parse_trace(output.read_text().splitlines(), origin=str(output))
+    assert (summary.frames, summary.faults, summary.devices) == (12, 0, 4)
+    assert sorted({f.t for f in frames}) == [0.0, 1.0, 2.0]
+    assert {f.phase for f in frames} == {"idle"}
+    instance = [f for f in frames if f.uuid == "MIG-fake-0-8"]
+    assert [f.gpm.sm_util if f.gpm else None for f in instance] == [None, 42.0, 42.0]
+    assert (instance[0].parent_index, instance[0].gpu_instance_id) == (0, 8)
+    # v2 memory is written as captured: used without the reserved part.
+    plain = next(f for f in frames if f.index == 1)
+    assert (plain.mem_used, plain.mem_reserved) == (0, 644_939_776)
+
+
+@pytest.mark.trio
+async def test_recorded_frames_replay_as_the_same_readings(
+    autojump_clock: trio.testing.MockClock, tmp_path: Path
+) -> None:
+    output = tmp_path / "trace.jsonl"
+    await record_trace(_node(), output, duration_s=2.0, call_in_thread=inline)
+    for frame in parse_trace(output.read_text().splitlines()):
+        reading = frame_to_reading(frame, source="replay", taken_at=frame.t, period_s=1.0)
+        again = reading_to_frame(reading, frame.t)
+        assert again == frame
+
+
+def test_reading_to_frame_round_trips_every_field() -> None:
+    reading = GpuReading(
+        source="s",
+        key="MIG-x",  # type: ignore[arg-type]
+        index=2,
+        uuid="MIG-x",
+        name="n",
+        taken_at=5.0,
+        period_s=1.0,
+        gpu_utilization=1.0,
+        memory_utilization=2.0,
+        memory_used_bytes=300,
+        memory_total_bytes=1000,
+        memory_reserved_bytes=100,
+        temperature_c=40.0,
+        power_mw=5.0,
+        power_limit_mw=6.0,
+        sm_clock_mhz=7.0,
+        pcie_tx_kbps=8.0,
+        pcie_rx_kbps=9.0,
+        nvlink_tx_mbps=10.0,
+        nvlink_rx_mbps=11.0,
+        sm_active=12.0,
+        sm_occupancy=13.0,
+        tensor_active=14.0,
+        dram_bw_util=15.0,
+        parent_index=2,
+        parent_uuid="GPU-p",
+        gpu_instance_id=7,
+        compute_instance_id=1,
+    )
+    frame = reading_to_frame(reading, 1.23456)
+    assert frame.t == 1.235
+    back = frame_to_reading(frame, source="s", taken_at=5.0, period_s=1.0)
+    assert [getattr(back, f) for f in _COMPARED] == [getattr(reading, f) for f in _COMPARED]
+
+
+def test_the_shipped_h200_trace_still_reads() -> None:
+    text = resources.files("keda_gpu_scaler.sources").joinpath("data", "h200-trace.jsonl")
+    frames = parse_trace(text.read_text(encoding="utf-8").splitlines())
+    assert len(frames) == 557
+    first = frame_to_reading(frames[0], source="replay", taken_at=0.0, period_s=0.1)
+    assert first.memory_used_bytes == 644_939_776  # v2 used 0 + reserved
+    assert first.dram_bw_util is None  # a bare NaN in the file
+    assert not first.is_mig_instance()
+    assert not first.mig_enabled
+    assert all(f.parent_index is None for f in frames)
+    assert any(f.gpm and f.gpm.sm_util and f.gpm.sm_util > 90 for f in frames)
+    assert not any(f.gpm and f.gpm.dram_bw_util and math.isnan(f.gpm.dram_bw_util) for f in frames)
+
+
+@pytest.mark.trio
+async def test_an_unwritable_output_is_a_clear_error(
+    autojump_clock: trio.testing.MockClock, tmp_path: Path
+) -> None:
+    output = tmp_path / "missing-dir" / "trace.jsonl"
+    with pytest.raises(SourceUnavailable, match=r"cannot write trace .*missing-dir"):
+        await record_trace(FakeNvml.h200(), output, duration_s=1.0, call_in_thread=inline)
+
+
+@pytest.mark.trio
+async def test_nvml_failing_during_a_recording_is_reported_plainly(
+    autojump_clock: trio.testing.MockClock, tmp_path: Path
+) -> None:
+    nvml = FakeNvml.h200()
+    nvml.fail("temperature_c", NvmlCode.DRIVER_NOT_LOADED)
+    with pytest.raises(SourceFailure, match="Driver Not Loaded"):
+        await record_trace(nvml, tmp_path / "t.jsonl", duration_s=5.0, call_in_thread=inline)
+
+
+@pytest.mark.trio
+async def test_recording_uses_worker_threads_by_default(tmp_path: Path) -> None:
+    output = tmp_path / "trace.jsonl"
+    with anyio.fail_after(10):
+        summary = await record_trace(
+            FakeNvml.h200(), output, duration_s=0.05, interval_s=0.01, pcie_interval_s=None
+        )
+    assert summary.frames >= 1
+    assert output.read_text().count("\n") == summary.frames

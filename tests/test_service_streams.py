@@ -1,0 +1,119 @@
+"""StreamIsActive semantics in virtual time: at once, on change, heartbeat, failures skipped."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+import anyio
+import pytest
+from trio.testing import MockClock
+
+from keda_gpu_scaler.domain.samples import Sample
+from keda_gpu_scaler.pipeline.aggregator import Aggregator
+from keda_gpu_scaler.pipeline.hub import SnapshotHub
+from keda_gpu_scaler.serving._proto.externalscaler import ScaledObjectRef
+from keda_gpu_scaler.serving.service import ExternalScalerService
+from keda_gpu_scaler.sources.fake import FakeGpuSource
+
+Messages = list[tuple[float, bool]]
+
+
+@asynccontextmanager
+async def _served(source: FakeGpuSource) -> AsyncIterator[ExternalScalerService]:
+    hub = SnapshotHub()
+    send, receive = anyio.create_memory_object_stream[Sample](64)
+    async with anyio.create_task_group() as tg:
+        await tg.start(Aggregator(receive, hub).run)
+        await tg.start(source.run, send)
+        await hub.wait_newer(0)
+        yield ExternalScalerService(hub)
+        tg.cancel_scope.cancel()
+
+
+async def _collect(
+    service: ExternalScalerService, metadata: dict[str, str], into: Messages
+) -> None:
+    ref = ScaledObjectRef(name="so", namespace="ns", scaler_metadata=metadata)
+    async for message in service.stream_is_active(ref):
+        into.append((anyio.current_time(), message.result))
+
+
+@pytest.mark.trio
+async def test_sends_at_once_on_change_and_as_heartbeat(autojump_clock: MockClock) -> None:
+    source = FakeGpuSource(1, period_s=1.0)
+    source.set(0, gpu_utilization=50.0)
+    got: Messages = []
+    metadata = {"pollIntervalSeconds": "5", "activationThreshold": "10", "cooldownSeconds": "0"}
+    async with _served(source) as service, anyio.create_task_group() as tg:
+        t0 = anyio.current_time()
+        tg.start_soon(_collect, service, metadata, got)
+        await anyio.sleep(2.5)
+        source.set(0, gpu_utilization=5.0)  # published at t0 + 3
+        await anyio.sleep_until(t0 + 12.5)
+        tg.cancel_scope.cancel()
+    assert [(round(t - t0, 3), a) for t, a in got] == [
+        (0.0, True),  # at once on open
+        (3.0, False),  # on the change, with the sample that showed it
+        (8.0, False),  # heartbeat every pollIntervalSeconds
+    ]
+
+
+@pytest.mark.trio
+async def test_failed_readings_are_never_sent_as_activity(autojump_clock: MockClock) -> None:
+    source = FakeGpuSource(1, period_s=1.0)
+    source.set(0, gpu_utilization=50.0)
+    got: Messages = []
+    async with _served(source) as service, anyio.create_task_group() as tg:
+        t0 = anyio.current_time()
+        tg.start_soon(_collect, service, {"pollIntervalSeconds": "2", "cooldownSeconds": "0"}, got)
+        await anyio.sleep(0.5)
+        source.lose(0, "GPU is lost")  # from t0 + 1
+        await anyio.sleep_until(t0 + 9.5)
+        source.restore(0)  # from t0 + 10
+        await anyio.sleep_until(t0 + 10.5)
+        tg.cancel_scope.cancel()
+    assert [(round(t - t0, 3), a) for t, a in got] == [(0.0, True), (10.0, True)]
+
+
+@pytest.mark.trio
+async def test_stale_source_pauses_the_stream(autojump_clock: MockClock) -> None:
+    source = FakeGpuSource(1, period_s=1.0)
+    source.set(0, gpu_utilization=50.0)
+    got: Messages = []
+    async with _served(source) as service, anyio.create_task_group() as tg:
+        t0 = anyio.current_time()
+        tg.start_soon(_collect, service, {"pollIntervalSeconds": "2", "cooldownSeconds": "0"}, got)
+        await anyio.sleep(0.5)
+        source.pause()  # last reading at t0; stale after t0 + 3
+        await anyio.sleep_until(t0 + 20)
+        tg.cancel_scope.cancel()
+    assert [(round(t - t0, 3), a) for t, a in got] == [(0.0, True), (2.0, True)]
+
+
+@pytest.mark.trio
+async def test_shutdown_ends_streams_cleanly(autojump_clock: MockClock) -> None:
+    source = FakeGpuSource(1, period_s=1.0)
+    source.set(0, gpu_utilization=50.0)
+    got: Messages = []
+    async with _served(source) as service:
+        async with anyio.create_task_group() as tg:
+            for _ in range(3):
+                tg.start_soon(_collect, service, {}, got)
+            await anyio.sleep(1.5)
+            assert service.open_streams == 3
+            service.begin_shutdown()
+            with anyio.fail_after(0.001):
+                await service.wait_streams_ended()
+        assert service.open_streams == 0
+    assert len(got) == 3
+
+
+@pytest.mark.trio
+async def test_cancelled_stream_releases_its_slot(autojump_clock: MockClock) -> None:
+    source = FakeGpuSource(1, period_s=1.0)
+    source.set(0, gpu_utilization=50.0)
+    async with _served(source) as service:
+        with anyio.move_on_after(3):
+            await _collect(service, {}, [])
+        assert service.open_streams == 0
