@@ -417,7 +417,10 @@ def _run(calls: int, rounds: int, warmup: int, json_path: Path, pin: bool) -> No
         "ratios": ratios,
     }
     json_path.write_text(json.dumps(document, indent=2) + "\n")
-    print(f"\nwrote {json_path}")
+    shown = json_path.resolve()
+    with contextlib.suppress(ValueError):
+        shown = shown.relative_to(Path.cwd())
+    print(f"\nwrote {shown}")
 
 
 def _ratios(

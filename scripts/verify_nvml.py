@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
+import os
 import select
 import shutil
 import subprocess
@@ -118,8 +119,16 @@ def start_load(seconds: float, python: str | None) -> subprocess.Popen[str] | No
     if python is None and importlib.util.find_spec("torch") is None:
         print("PyTorch not found: comparing without load")
         return None
+    env = dict(os.environ)
+    if python is not None:
+        # Another interpreter must not inherit this one's module search settings.
+        env.pop("PYTHONHOME", None)
+        env.pop("PYTHONPATH", None)
     proc = subprocess.Popen(
-        [python or sys.executable, "-c", LOAD, str(seconds)], stdout=subprocess.PIPE, text=True
+        [python or sys.executable, "-c", LOAD, str(seconds)],
+        stdout=subprocess.PIPE,
+        text=True,
+        env=env,
     )
     assert proc.stdout is not None
     # Wait for CUDA to come up and the first matmul to finish, but not for ever.

@@ -154,3 +154,14 @@ async def test_memory_falls_back_to_v1_where_v2_is_missing(
     assert {r.memory_used_bytes for r in got} == {644_939_776}  # v1 used includes reserved
     assert {r.memory_reserved_bytes for r in got} == {None}
     assert nvml.calls["memory_v2"] == 1  # not retried every cycle
+
+
+@pytest.mark.trio
+async def test_instances_without_gpm_are_named_in_the_error(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    gpu = FakeGpu(uuid="GPU-a100", name="NVIDIA A100", gpm_supported=False)
+    enable_mig(gpu, mig_instances(0, 2))
+    _, snapshot, now = await _two_cycles(FakeNvml([gpu]))
+    with pytest.raises(NoData, match=r"sm_active is not supported on MIG 0:7, 0:8 .*needs GPM"):
+        measure(parse_trigger({"metricType": "sm_active"}), snapshot, now)

@@ -17,7 +17,12 @@ from keda_gpu_scaler.sources.nvml.errors import NvmlCode
 from keda_gpu_scaler.sources.nvml.fake_backend import FakeNvml, enable_mig, h200_gpu, mig_instances
 from keda_gpu_scaler.sources.nvml.testing import inline
 from keda_gpu_scaler.sources.recorder import record_trace
-from keda_gpu_scaler.sources.trace import frame_to_reading, parse_trace, reading_to_frame
+from keda_gpu_scaler.sources.trace import (
+    frame_to_reading,
+    parse_trace,
+    reading_to_frame,
+    trace_period,
+)
 
 _COMPARED = [f for f in GpuReading.__struct_fields__ if f not in {"source", "taken_at", "period_s"}]
 
@@ -140,3 +145,19 @@ async def test_recording_uses_worker_threads_by_default(tmp_path: Path) -> None:
         )
     assert summary.frames >= 1
     assert output.read_text().count("\n") == summary.frames
+
+
+def test_a_recording_made_on_a_real_h200_replays() -> None:
+    path = Path(__file__).parent / "fixtures" / "nvml-h200" / "sampler-record.jsonl"
+    frames = parse_trace(path.read_text().splitlines(), origin=str(path))
+    assert frames[0].t == 0.0
+    # Real time: each cycle within a few ms of its slot, no drift over the run.
+    assert trace_period(frames) == pytest.approx(0.5, abs=0.005)
+    assert frames[-1].t == pytest.approx(4.5, abs=0.01)
+    assert len(frames) == 10
+    assert frames[0].gpm is None  # GPM needs two samples
+    busy = frame_to_reading(frames[-1], source="replay", taken_at=0.0, period_s=0.5)
+    assert busy.sm_active is not None
+    assert busy.sm_active > 90
+    assert busy.nvlink_tx_mbps is None  # NotSupported per field on this H200, not 0
+    assert busy.memory_used_bytes == frames[-1].mem_used + 644_939_776  # type: ignore[operator]

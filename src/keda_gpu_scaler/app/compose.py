@@ -63,6 +63,28 @@ class RunningScaler:
     source: Sampler
 
 
+@dataclass(frozen=True, slots=True)
+class RunningPipeline:
+    hub: SnapshotHub
+    aggregator: Aggregator
+    source: Sampler
+
+
+@asynccontextmanager
+async def open_pipeline(source: Sampler) -> AsyncIterator[RunningPipeline]:
+    """A supervised source feeding the aggregator; everything stops on exit."""
+    hub = SnapshotHub()
+    send, receive = anyio.create_memory_object_stream[Sample](SAMPLE_BUFFER)
+    aggregator = Aggregator(receive, hub)
+    async with anyio.create_task_group() as tg:
+        await tg.start(aggregator.run)
+        tg.start_soon(_supervised, source, send)
+        try:
+            yield RunningPipeline(hub, aggregator, source)
+        finally:
+            tg.cancel_scope.cancel()
+
+
 @asynccontextmanager
 async def open_scaler(
     source: Sampler,
@@ -72,21 +94,15 @@ async def open_scaler(
     max_concurrent_streams: int = DEFAULT_MAX_CONCURRENT_STREAMS,
 ) -> AsyncIterator[RunningScaler]:
     """Start the pipeline and the server; on exit end streams with OK and stop everything."""
-    hub = SnapshotHub()
-    send, receive = anyio.create_memory_object_stream[Sample](SAMPLE_BUFFER)
-    aggregator = Aggregator(receive, hub)
-    async with anyio.create_task_group() as tg:
-        await tg.start(aggregator.run)
-        tg.start_soon(_supervised, source, send)
-        service = ExternalScalerService(hub)
+    async with open_pipeline(source) as pipeline:
+        service = ExternalScalerService(pipeline.hub)
         server = ScalerServer(service, max_concurrent_streams=max_concurrent_streams)
         bound = await server.start(host, port)
         try:
-            yield RunningScaler(bound, hub, service, aggregator, source)
+            yield RunningScaler(bound, pipeline.hub, service, pipeline.aggregator, source)
         finally:
             with anyio.CancelScope(shield=True):
                 await server.aclose()
-            tg.cancel_scope.cancel()
 
 
 async def _supervised(source: Sampler, send: MemoryObjectSendStream[Sample]) -> None:

@@ -24,14 +24,24 @@ class Measurement:
 
 @dataclass(frozen=True, slots=True)
 class Decision:
-    value: float
-    """The value to serve: the measurement after scale-down suppression."""
-    raw_value: float
+    spec: TriggerSpec
+    measurement: Measurement
+    cooldown: CooldownOutcome
     active: bool
-    target: float
-    activation: float
-    explanation: str
-    cooldown: CooldownOutcome | None = None
+
+    @property
+    def value(self) -> float:
+        """The value to serve: the measurement after scale-down suppression."""
+        return self.cooldown.value
+
+    @property
+    def raw_value(self) -> float:
+        return self.measurement.value
+
+    @property
+    def explanation(self) -> str:
+        """Why, in words; built only when asked (logs, the debug tap), not on every call."""
+        return _explain(self.spec, self.measurement, self.cooldown, self.active)
 
 
 def _is_instance(device: DeviceState) -> bool:
@@ -77,16 +87,15 @@ def _select_instance(selector: MigSelector, devices: list[DeviceState]) -> list[
 
 
 def _check_fresh(device: DeviceState, now: float) -> None:
-    label = _label(device)
     if device.lost_reason is not None:
-        raise NoData(f"{label} ({device.key}) is lost: {device.lost_reason}")
+        raise NoData(f"{_label(device)} ({device.key}) is lost: {device.lost_reason}")
     reading = device.reading
     if reading is None:
-        raise NoData(f"{label} ({device.key}) has no reading yet")
+        raise NoData(f"{_label(device)} ({device.key}) has no reading yet")
     if device.is_stale(now):
         limit = STALE_AFTER_PERIODS * reading.period_s
         raise NoData(
-            f"{label} reading is stale: {now - reading.taken_at:.1f} s old "
+            f"{_label(device)} reading is stale: {now - reading.taken_at:.1f} s old "
             f"(limit {limit:g} s, {STALE_AFTER_PERIODS} sample periods)"
         )
 
@@ -152,16 +161,7 @@ def decide(
     """Measure, apply scale-down suppression, and judge activity (value > activation)."""
     measured = measure(spec, snapshot, now)
     outcome = apply_cooldown(entry, measured.value, cooldown_s=spec.cooldown_s, now=now)
-    active = outcome.value > spec.activation
-    return Decision(
-        value=outcome.value,
-        raw_value=measured.value,
-        active=active,
-        target=spec.target,
-        activation=spec.activation,
-        explanation=_explain(spec, measured, outcome, active),
-        cooldown=outcome,
-    )
+    return Decision(spec, measured, outcome, active=outcome.value > spec.activation)
 
 
 def _explain(

@@ -37,8 +37,11 @@ log = logging.getLogger(__name__)
 _INT64_MAX = 2**63 - 1
 
 
+_cooldown_key = functools.lru_cache(maxsize=4096)(cooldown_key)
+
+
 @functools.lru_cache(maxsize=4096)
-def _parse_items(items: tuple[tuple[str, str], ...]) -> TriggerSpec:
+def _parse_items(items: frozenset[tuple[str, str]]) -> TriggerSpec:
     spec = parse_trigger(dict(items))
     for warning in spec.warnings:
         log.warning("trigger metadata warning", extra={"detail": warning})
@@ -47,7 +50,7 @@ def _parse_items(items: tuple[tuple[str, str], ...]) -> TriggerSpec:
 
 def parse_cached(metadata: Mapping[str, str]) -> TriggerSpec:
     """Parse once per distinct metadata map; KEDA sends the same map on every call."""
-    return _parse_items(tuple(sorted(metadata.items())))
+    return _parse_items(frozenset(metadata.items()))
 
 
 def metric_spec(spec: TriggerSpec) -> MetricSpec:
@@ -124,7 +127,10 @@ class ExternalScalerService(ExternalScalerBase):
 
     @unary
     async def get_metrics(self, message: GetMetricsRequest) -> GetMetricsResponse:
-        ref = message.scaled_object_ref or ScaledObjectRef()
+        # `is None`, not `or`: a betterproto2 truth test compares every field.
+        ref = message.scaled_object_ref
+        if ref is None:
+            ref = ScaledObjectRef()
         spec = parse_cached(ref.scaler_metadata)
         decision = self._decide(ref, spec, await self._snapshot())
         name = message.metric_name or spec.metric_name
@@ -208,19 +214,19 @@ class ExternalScalerService(ExternalScalerBase):
         return snapshot
 
     def _decide(self, ref: ScaledObjectRef, spec: TriggerSpec, snapshot: Snapshot) -> Decision:
-        key = cooldown_key(ref.namespace, ref.name, spec)
+        key = _cooldown_key(ref.namespace, ref.name, spec)
         now = anyio.current_time()
         decision = decide(spec, snapshot, self._cooldowns.get(key), now)
-        if decision.cooldown is not None:
-            self._cooldowns.put(key, decision.cooldown.entry)
-        log.debug(
-            "decision",
-            extra={
-                "trigger": f"{ref.namespace}/{ref.name}",
-                "metric": spec.metric_name,
-                "value": decision.value,
-                "active": decision.active,
-                "why": decision.explanation,
-            },
-        )
+        self._cooldowns.put(key, decision.cooldown.entry)
+        if log.isEnabledFor(logging.DEBUG):
+            log.debug(
+                "decision",
+                extra={
+                    "trigger": f"{ref.namespace}/{ref.name}",
+                    "metric": spec.metric_name,
+                    "value": decision.value,
+                    "active": decision.active,
+                    "why": decision.explanation,
+                },
+            )
         return decision

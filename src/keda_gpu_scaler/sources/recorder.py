@@ -83,9 +83,8 @@ async def _record(
     try:
         async with anyio.create_task_group() as tg:
             await tg.start(sampler.run, send)
-            writer.start = anyio.current_time()
             with anyio.move_on_after(duration_s):
-                await writer.drain(receive, until=writer.start + duration_s)
+                await writer.drain(receive, duration_s=duration_s)
             tg.cancel_scope.cancel()
     except* (SourceFailure, SourceUnavailable) as group:
         # The CLI should print why NVML failed, not "a group of 1 exception".
@@ -101,7 +100,8 @@ async def _open(output: Path, call_in_thread: CallInThread) -> BinaryIO:
 
 class _Writer:
     def __init__(self, file: BinaryIO, phase: str | None, call_in_thread: CallInThread) -> None:
-        self.start = 0.0
+        self.start: float | None = None
+        """When the first cycle was taken: ``t`` = 0 in the trace."""
         self.frames = 0
         self.faults = 0
         self.devices: set[str] = set()
@@ -109,7 +109,7 @@ class _Writer:
         self._phase = phase
         self._call = call_in_thread
 
-    async def drain(self, receive: MemoryObjectReceiveStream[Sample], *, until: float) -> None:
+    async def drain(self, receive: MemoryObjectReceiveStream[Sample], *, duration_s: float) -> None:
         async for first in receive:
             batch = [first]
             while True:  # the rest of the cycle, so one cycle is one write
@@ -117,15 +117,18 @@ class _Writer:
                     batch.append(receive.receive_nowait())
                 except (anyio.WouldBlock, anyio.EndOfStream):
                     break
-            await self._write(batch, until)
+            await self._write(batch, duration_s)
 
-    async def _write(self, batch: list[Sample], until: float) -> None:
+    async def _write(self, batch: list[Sample], duration_s: float) -> None:
         data = bytearray()
         for sample in _unbatch(batch):
             if not isinstance(sample, GpuReading):
                 self.faults += 1
-            elif sample.taken_at < until:
-                t = sample.taken_at - self.start
+                continue
+            if self.start is None:
+                self.start = sample.taken_at
+            t = sample.taken_at - self.start
+            if t < duration_s:
                 data += encode_frame(reading_to_frame(sample, t, phase=self._phase))
                 self.frames += 1
                 self.devices.add(sample.key)

@@ -1,0 +1,289 @@
+"""``gpu-metrics``: show the GPUs of this node as a table, JSON, CSV or JSON lines.
+
+Works on Kubernetes nodes and HPC hosts (Slurm, Flux): the environment decides the node
+name and which GPUs the job may see. Every record has the same stable snake_case keys,
+documented in docs/gpu-metrics.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import io
+import os
+import signal
+import sys
+from collections.abc import Callable, Sequence
+from datetime import UTC, datetime
+from typing import Any
+
+import anyio
+import msgspec
+
+from keda_gpu_scaler.app.compose import Sampler, build_source, open_pipeline
+from keda_gpu_scaler.app.scope import (
+    DeviceFilter,
+    Environment,
+    ScopeError,
+    detect_environment,
+    gpu_scope,
+    parse_device_list,
+)
+from keda_gpu_scaler.domain.catalog import CATALOG, Origin
+from keda_gpu_scaler.domain.errors import SourceUnavailable
+from keda_gpu_scaler.domain.snapshot import DeviceState, Snapshot
+
+FORMATS = ("table", "json", "csv", "jsonl")
+GPU_METRICS = tuple(info for info in CATALOG.values() if info.origin is Origin.GPU)
+FIELDS = (
+    "time",
+    "node",
+    "index",
+    "uuid",
+    "name",
+    "status",
+    *(info.type.value for info in GPU_METRICS),
+    "memory_total_mib",
+)
+FIRST_READING_TIMEOUT_S = 10.0
+EXIT_USAGE = 2
+_ENCODER = msgspec.json.Encoder()
+
+
+class Plan(msgspec.Struct, frozen=True):
+    """What a run will do, printed by ``--dry-run`` without touching NVML."""
+
+    source: str
+    format: str
+    interval_s: float | None
+    watch: bool
+    count: int | None
+    environment: Environment
+    devices: DeviceFilter
+
+
+def record(device: DeviceState, now: float, *, node: str, stamp: str) -> dict[str, Any]:
+    """One device as a flat dict with the documented keys; absent readings are null."""
+    reading = device.reading
+    status = "lost" if device.is_lost() else "stale" if device.is_stale(now) else "ok"
+    row: dict[str, Any] = {
+        "time": stamp,
+        "node": node,
+        "index": device.index,
+        "uuid": device.key,
+        "name": reading.name if reading else None,
+        "status": status,
+    }
+    for info in GPU_METRICS:
+        row[info.type.value] = None if reading is None or info.read is None else info.read(reading)
+    total = reading.memory_total_bytes if reading else None
+    row["memory_total_mib"] = None if total is None else total // (1 << 20)
+    return row
+
+
+def _cell(value: Any, digits: int = 0) -> str:
+    if value is None:
+        return "-"
+    return f"{value:.{digits}f}" if isinstance(value, float) else str(value)
+
+
+def render_table(rows: list[dict[str, Any]]) -> str:
+    header = ("GPU", "NAME", "UTIL%", "SM%", "MEM MiB", "MEM%", "TEMP C", "POWER W", "STATUS")
+    lines = [header]
+    for r in rows:
+        memory = f"{_cell(r['memory_used_mib'])}/{_cell(r['memory_total_mib'])}"
+        lines.append(
+            (
+                str(r["index"]),
+                str(r["name"]),
+                _cell(r["gpu_utilization"]),
+                _cell(r["sm_active"], 1),
+                memory,
+                _cell(r["memory_used_percent"], 1),
+                _cell(r["temperature"]),
+                _cell(r["power_draw"], 1),
+                r["status"],
+            )
+        )
+    widths = [max(len(line[i]) for line in lines) for i in range(len(header))]
+    return "\n".join(
+        "  ".join(c.ljust(w) for c, w in zip(line, widths, strict=True)).rstrip() for line in lines
+    )
+
+
+class Printer:
+    """Writes rows in one format; the CSV header is written once per run."""
+
+    def __init__(self, fmt: str, *, watch: bool, out: Callable[[str], None]) -> None:
+        self._fmt = fmt
+        self._watch = watch
+        self._out = out
+        self._header_done = False
+
+    def emit(self, rows: list[dict[str, Any]], *, continuous: bool) -> None:
+        if self._fmt == "table":
+            prefix = "\x1b[H\x1b[2J" if self._watch else ""
+            self._out(prefix + render_table(rows) + "\n")
+        elif self._fmt == "jsonl":
+            self._out("".join(_ENCODER.encode(r).decode() + "\n" for r in rows))
+        elif self._fmt == "json":
+            text = (
+                _ENCODER.encode(rows)
+                if continuous
+                else msgspec.json.format(_ENCODER.encode(rows), indent=2)
+            )
+            self._out(text.decode() + "\n")
+        else:
+            self._out(self._csv(rows))
+
+    def _csv(self, rows: list[dict[str, Any]]) -> str:
+        buffer = io.StringIO()
+        writer = csv.DictWriter(buffer, fieldnames=FIELDS, lineterminator="\n")
+        if not self._header_done:
+            writer.writeheader()
+            self._header_done = True
+        writer.writerows(rows)
+        return buffer.getvalue()
+
+
+def _rows(snapshot: Snapshot, plan: Plan, now: float) -> list[dict[str, Any]]:
+    stamp = datetime.now(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+    return [
+        record(d, now, node=plan.environment.node, stamp=stamp)
+        for d in snapshot.ordered_devices()
+        if plan.devices.allows(d.index, d.key)
+    ]
+
+
+async def _show(plan: Plan, source: Sampler, printer: Printer) -> None:
+    async with open_pipeline(source) as pipeline:
+        with anyio.fail_after(FIRST_READING_TIMEOUT_S):
+            snapshot = await pipeline.hub.wait_newer(0)
+        shown = 0
+        next_at = anyio.current_time()
+        while True:
+            snapshot = pipeline.hub.current
+            printer.emit(
+                _rows(snapshot, plan, anyio.current_time()), continuous=plan.interval_s is not None
+            )
+            shown += 1
+            if plan.interval_s is None or (plan.count is not None and shown >= plan.count):
+                return
+            next_at += plan.interval_s
+            await anyio.sleep_until(next_at)
+
+
+async def _run(plan: Plan, source: Sampler, printer: Printer) -> None:
+    async with anyio.create_task_group() as tg:
+
+        async def stop_on_signal() -> None:
+            with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+                async for _ in signals:
+                    tg.cancel_scope.cancel()
+                    return
+
+        tg.start_soon(stop_on_signal)
+        await _show(plan, source, printer)
+        tg.cancel_scope.cancel()
+
+
+def _positive(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not 0 < value < float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a positive number: {text!r}")
+    return value
+
+
+def _count(text: str) -> int:
+    if not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"must be a positive integer: {text!r}")
+    return int(text)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="gpu-metrics", description=__doc__.splitlines()[0])
+    parser.add_argument("--format", choices=FORMATS, default="table")
+    parser.add_argument(
+        "--interval",
+        type=_positive,
+        default=None,
+        help="print every INTERVAL seconds until interrupted",
+    )
+    parser.add_argument(
+        "--count", type=_count, default=None, help="stop after COUNT samples (with --interval)"
+    )
+    parser.add_argument(
+        "--watch",
+        action="store_true",
+        help="live-updating table (implies --interval 1 unless given)",
+    )
+    parser.add_argument(
+        "--device",
+        default=None,
+        help="GPUs to show: indices or UUIDs, comma-separated "
+        "(default: what the job's environment grants)",
+    )
+    parser.add_argument(
+        "--source",
+        default=os.environ.get("GPU_METRICS_SOURCE", "nvml"),
+        help="nvml (default), replay or replay:PATH",
+    )
+    parser.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="print the resolved plan as JSON without reading any GPU",
+    )
+    return parser
+
+
+def make_plan(args: argparse.Namespace, env: dict[str, str]) -> Plan:
+    devices = (
+        parse_device_list(args.device, origin="--device")
+        if args.device is not None
+        else gpu_scope(env)
+    )
+    interval = args.interval if args.interval is not None else (1.0 if args.watch else None)
+    return Plan(
+        args.source, args.format, interval, args.watch, args.count, detect_environment(env), devices
+    )
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["record"]:
+        from keda_gpu_scaler.app.record import main as record_main
+
+        return record_main(argv[1:])
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.watch and args.format != "table":
+        parser.error("--watch shows a table; use --interval with other formats")
+    try:
+        plan = make_plan(args, dict(os.environ))
+    except ScopeError as exc:
+        print(f"gpu-metrics: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    if args.dry_run:
+        print(msgspec.json.format(msgspec.json.encode(plan), indent=2).decode())
+        return 0
+    try:
+        source = build_source(plan.source)
+        printer = Printer(plan.format, watch=plan.watch, out=_write)
+        anyio.run(_run, plan, source, printer, backend="asyncio")
+    except SourceUnavailable as exc:
+        print(f"gpu-metrics: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except TimeoutError:
+        print(f"gpu-metrics: no reading within {FIRST_READING_TIMEOUT_S:g} s", file=sys.stderr)
+        return 1
+    except BrokenPipeError:
+        return 0
+    return 0
+
+
+def _write(text: str) -> None:
+    sys.stdout.write(text)
+    sys.stdout.flush()
