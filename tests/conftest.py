@@ -50,7 +50,14 @@ def fake_gpus() -> FakeGpuSource:
 @pytest.fixture
 async def scaler(fake_gpus: FakeGpuSource) -> AsyncIterator[RunningScaler]:
     """The real server on 127.0.0.1, an ephemeral port, fed by ``fake_gpus``."""
-    async with open_scaler(fake_gpus, host="127.0.0.1", port=0) as running:
+    async with open_scaler(
+        fake_gpus,
+        host="127.0.0.1",
+        port=0,
+        metrics_port=0,
+        probe_port=0,
+        health_check_interval_s=0.001,
+    ) as running:
         await running.hub.wait_newer(0)
         yield running
 

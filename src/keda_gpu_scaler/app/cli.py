@@ -98,6 +98,17 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _add_common(serve)
 
+    tap = commands.add_parser("tap", help="print the live samples and decisions of a server")
+    tap.add_argument(
+        "--address",
+        default="127.0.0.1:9090",
+        help="HOST:PORT of the server's metrics port (default 127.0.0.1:9090)",
+    )
+    tap.add_argument("--source", help="only samples of this source (nvml, replay, ...)")
+    tap.add_argument("--device", help="only samples of this GPU index or UUID")
+    tap.add_argument("--metric", help="only decisions on this metric name or type")
+    tap.add_argument("--trigger", help="only decisions of this trigger (namespace/name)")
+
     demo = commands.add_parser("demo", help="replay a real H200 recording and query it like KEDA")
     demo.add_argument(
         "--duration",
@@ -139,6 +150,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if args.command == "serve":
             anyio.run(_serve, args, backend="asyncio")
+        elif args.command == "tap":
+            from keda_gpu_scaler.app.tap_client import run_tap
+
+            return run_tap(
+                args.address,
+                source=args.source,
+                device=args.device,
+                metric=args.metric,
+                trigger=args.trigger,
+            )
         else:
             from keda_gpu_scaler.app.demo import run_demo
 

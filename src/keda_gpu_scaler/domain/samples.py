@@ -76,6 +76,8 @@ class Batch(msgspec.Struct, frozen=True, kw_only=True, tag="batch"):
 
     source: str
     samples: tuple[GpuReading | SourceFault, ...]
+    cycle_s: float | None = None
+    """How long the cycle took to read, when the sampler measured it."""
 
 
 Sample = GpuReading | SourceFault | Batch

@@ -64,6 +64,21 @@ class Snapshot(msgspec.Struct, frozen=True, kw_only=True):
         """Devices by NVML index, the order nvidia-smi shows."""
         return sorted(self.devices.values(), key=lambda d: (d.index, d.key))
 
+    def readiness(self, now: float) -> tuple[bool, str]:
+        """Ready while at least one device has a fresh reading; the reason says why not."""
+        if self.version == 0:
+            return False, "no snapshot yet"
+        devices = self.ordered_devices()
+        fresh = [d for d in devices if not d.is_lost() and not d.is_stale(now)]
+        if fresh:
+            return True, f"{len(fresh)} of {len(devices)} device(s) fresh"
+        faults = [f"{s.name}: {s.fault}" for s in self.sources.values() if s.fault]
+        if faults:
+            return False, "source failing: " + "; ".join(faults)
+        if not devices:
+            return False, "no device reported yet"
+        return False, f"no fresh reading: {len(devices)} device(s) lost or stale"
+
     def has_fresh_reading(self, now: float) -> bool:
         return any(not d.is_lost() and not d.is_stale(now) for d in self.devices.values())
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import anyio
@@ -29,10 +30,22 @@ class AggregatorStatistics:
     last_sample_at: float | None
 
 
+SampleObserver = Callable[[list[Sample]], None]
+"""Told of every batch of samples as it is folded (the debug tap, self-metrics); must not
+block."""
+
+
 class Aggregator:
-    def __init__(self, receive: MemoryObjectReceiveStream[Sample], hub: SnapshotHub) -> None:
+    def __init__(
+        self,
+        receive: MemoryObjectReceiveStream[Sample],
+        hub: SnapshotHub,
+        *,
+        observers: Sequence[SampleObserver] = (),
+    ) -> None:
         self._receive = receive
         self._hub = hub
+        self._observers = tuple(observers)
         self._samples = 0
         self._faults = 0
         self._last_sample_at: float | None = None
@@ -54,6 +67,8 @@ class Aggregator:
                 now = anyio.current_time()
                 self._count(batch, now)
                 self._hub.publish(fold(self._hub.current, batch, now))
+                for observe in self._observers:
+                    observe(batch)
 
     def _drain(self) -> list[Sample]:
         """Whatever else is already queued, so one sampler cycle makes one snapshot."""

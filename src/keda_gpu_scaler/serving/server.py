@@ -14,6 +14,7 @@ import socket
 import weakref
 from asyncio import BaseTransport
 from collections.abc import Collection
+from ssl import SSLContext
 from typing import Any, cast
 
 import anyio
@@ -128,9 +129,12 @@ class ScalerServer:
         )
         self._started = False
 
-    async def start(self, host: str, port: int) -> int:
-        """Listen on ``host:port`` (port 0 picks one) and return the bound port."""
-        await self._server.start(host, port, reuse_address=True)
+    async def start(self, host: str, port: int, *, ssl: SSLContext | None = None) -> int:
+        """Listen on ``host:port`` (port 0 picks one) and return the bound port.
+
+        With ``ssl``, every connection is TLS (see :mod:`keda_gpu_scaler.serving.tls`).
+        """
+        await self._server.start(host, port, reuse_address=True, ssl=ssl)
         self._started = True
         listener = cast(asyncio.Server, self._server._server)
         return int(listener.sockets[0].getsockname()[1])

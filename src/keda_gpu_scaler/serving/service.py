@@ -9,8 +9,9 @@ from __future__ import annotations
 import functools
 import logging
 import math
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass
+from typing import Protocol
 
 import anyio
 
@@ -74,6 +75,22 @@ def metric_value(name: str, value: float) -> MetricValue:
     )
 
 
+class DecisionObserver(Protocol):
+    """Told of every decision and every failed one (self-metrics, the debug tap)."""
+
+    def decided(
+        self, trigger: str, spec: TriggerSpec, rpc: str, decision: Decision, now: float
+    ) -> None: ...
+
+    def failed(
+        self, trigger: str, spec: TriggerSpec, rpc: str, reason: str, now: float
+    ) -> None: ...
+
+
+RpcObserver = Callable[[str, str, float | None], None]
+"""(method, status code name, seconds or None for a stream)."""
+
+
 @dataclass(frozen=True, slots=True)
 class ServiceStatistics:
     open_streams: int
@@ -87,14 +104,25 @@ class ExternalScalerService(ExternalScalerBase):
         *,
         cooldowns: CooldownBook | None = None,
         first_snapshot_timeout_s: float = 2.0,
+        decisions: DecisionObserver | None = None,
+        rpc_observer: RpcObserver | None = None,
     ) -> None:
         self._hub = hub
+        self._decisions = decisions
+        self._rpc_observer = rpc_observer
         self._cooldowns = cooldowns or CooldownBook()
         self._first_snapshot_timeout_s = first_snapshot_timeout_s
         self._closing = False
         self._waits: set[anyio.CancelScope] = set()
         self._open_streams = 0
         self._streams_ended: anyio.Event | None = None
+
+    def set_rpc_observer(self, observer: RpcObserver | None) -> None:
+        self._rpc_observer = observer
+
+    def observe_rpc(self, method: str, code: str, seconds: float | None) -> None:
+        if self._rpc_observer is not None:
+            self._rpc_observer(method, code, seconds)
 
     def statistics(self) -> ServiceStatistics:
         return ServiceStatistics(self._open_streams, len(self._cooldowns))
@@ -119,32 +147,32 @@ class ExternalScalerService(ExternalScalerBase):
 
     # -- unary RPCs -------------------------------------------------------------------
 
-    @unary
+    @unary("GetMetricSpec")
     async def get_metric_spec(self, message: ScaledObjectRef) -> GetMetricSpecResponse:
         # Depends on metadata alone, so KEDA's fallback keeps working while GPUs fail.
         spec = parse_cached(message.scaler_metadata)
         return GetMetricSpecResponse(metric_specs=[metric_spec(spec)])
 
-    @unary
+    @unary("GetMetrics")
     async def get_metrics(self, message: GetMetricsRequest) -> GetMetricsResponse:
         # `is None`, not `or`: a betterproto2 truth test compares every field.
         ref = message.scaled_object_ref
         if ref is None:
             ref = ScaledObjectRef()
         spec = parse_cached(ref.scaler_metadata)
-        decision = self._decide(ref, spec, await self._snapshot())
+        decision = self._decide(ref, spec, await self._snapshot(), "GetMetrics")
         name = message.metric_name or spec.metric_name
         return GetMetricsResponse(metric_values=[metric_value(name, decision.value)])
 
-    @unary
+    @unary("IsActive")
     async def is_active(self, message: ScaledObjectRef) -> IsActiveResponse:
         spec = parse_cached(message.scaler_metadata)
-        decision = self._decide(message, spec, await self._snapshot())
+        decision = self._decide(message, spec, await self._snapshot(), "IsActive")
         return IsActiveResponse(result=decision.active)
 
     # -- streams ----------------------------------------------------------------------
 
-    @streaming
+    @streaming("StreamIsActive")
     async def stream_is_active(self, message: ScaledObjectRef) -> AsyncIterator[IsActiveResponse]:
         spec = parse_cached(message.scaler_metadata)
         self._open_streams += 1
@@ -168,7 +196,7 @@ class ExternalScalerService(ExternalScalerBase):
             snapshot = self._hub.current
             now = anyio.current_time()
             try:
-                active: bool | None = self._decide(ref, spec, snapshot).active
+                active: bool | None = self._decide(ref, spec, snapshot, "StreamIsActive").active
             except NoData as exc:
                 active = None
                 failure = self._log_stream_failure(ref, spec, failure, str(exc))
@@ -213,11 +241,20 @@ class ExternalScalerService(ExternalScalerBase):
                 snapshot = await self._hub.wait_newer(0)
         return snapshot
 
-    def _decide(self, ref: ScaledObjectRef, spec: TriggerSpec, snapshot: Snapshot) -> Decision:
+    def _decide(
+        self, ref: ScaledObjectRef, spec: TriggerSpec, snapshot: Snapshot, rpc: str
+    ) -> Decision:
         key = _cooldown_key(ref.namespace, ref.name, spec)
         now = anyio.current_time()
-        decision = decide(spec, snapshot, self._cooldowns.get(key), now)
+        try:
+            decision = decide(spec, snapshot, self._cooldowns.get(key), now)
+        except NoData as exc:
+            if self._decisions is not None:
+                self._decisions.failed(f"{ref.namespace}/{ref.name}", spec, rpc, str(exc), now)
+            raise
         self._cooldowns.put(key, decision.cooldown.entry)
+        if self._decisions is not None:
+            self._decisions.decided(f"{ref.namespace}/{ref.name}", spec, rpc, decision, now)
         if log.isEnabledFor(logging.DEBUG):
             log.debug(
                 "decision",

@@ -1,12 +1,13 @@
-"""Domain errors to gRPC status codes, in one place."""
+"""Domain errors to gRPC status codes in one place, and every answer counted by its code."""
 
 from __future__ import annotations
 
 import functools
 import logging
 from collections.abc import AsyncIterator, Callable, Coroutine
-from typing import Any, ParamSpec, TypeVar
+from typing import Any, Concatenate, ParamSpec, Protocol, TypeVar
 
+import anyio
 from grpclib.const import Status
 from grpclib.exceptions import GRPCError
 
@@ -18,7 +19,18 @@ _P = ParamSpec("_P")
 _T = TypeVar("_T")
 
 
+class RpcObserved(Protocol):
+    def observe_rpc(self, method: str, code: str, seconds: float | None) -> None: ...
+
+
+_S = TypeVar("_S", bound=RpcObserved)
+_Unary = Callable[Concatenate[_S, _P], Coroutine[Any, Any, _T]]
+_Streaming = Callable[Concatenate[_S, _P], AsyncIterator[_T]]
+
+
 def to_grpc_error(exc: Exception) -> GRPCError:
+    if isinstance(exc, GRPCError):
+        return exc
     if isinstance(exc, InvalidTrigger):
         return GRPCError(Status.INVALID_ARGUMENT, f"failed to parse scaler metadata: {exc}")
     if isinstance(exc, NoData):
@@ -27,30 +39,46 @@ def to_grpc_error(exc: Exception) -> GRPCError:
     return GRPCError(Status.INTERNAL, f"internal error: {type(exc).__name__}")
 
 
-def unary(
-    func: Callable[_P, Coroutine[Any, Any, _T]],
-) -> Callable[_P, Coroutine[Any, Any, _T]]:
-    @functools.wraps(func)
-    async def wrapper(*args: _P.args, **kwargs: _P.kwargs) -> _T:
-        try:
-            return await func(*args, **kwargs)
-        except GRPCError:
-            raise
-        except Exception as exc:
-            raise to_grpc_error(exc) from exc
+def unary(method: str) -> Callable[[_Unary[_S, _P, _T]], _Unary[_S, _P, _T]]:
+    """Map errors to status codes and report (method, code, seconds) to the service."""
 
-    return wrapper
+    def decorate(func: _Unary[_S, _P, _T]) -> _Unary[_S, _P, _T]:
+        @functools.wraps(func)
+        async def wrapper(self: _S, /, *args: _P.args, **kwargs: _P.kwargs) -> _T:
+            started = anyio.current_time()
+            code = "OK"
+            try:
+                return await func(self, *args, **kwargs)
+            except Exception as exc:
+                error = to_grpc_error(exc)
+                code = error.status.name
+                raise error from exc
+            finally:
+                self.observe_rpc(method, code, anyio.current_time() - started)
+
+        return wrapper
+
+    return decorate
 
 
-def streaming(func: Callable[_P, AsyncIterator[_T]]) -> Callable[_P, AsyncIterator[_T]]:
-    @functools.wraps(func)
-    async def wrapper(*args: _P.args, **kwargs: _P.kwargs) -> AsyncIterator[_T]:
-        try:
-            async for item in func(*args, **kwargs):
-                yield item
-        except GRPCError:
-            raise
-        except Exception as exc:
-            raise to_grpc_error(exc) from exc
+def streaming(method: str) -> Callable[[_Streaming[_S, _P, _T]], _Streaming[_S, _P, _T]]:
+    """As :func:`unary`, for server streams; a stream reports its code when it ends."""
 
-    return wrapper
+    def decorate(func: _Streaming[_S, _P, _T]) -> _Streaming[_S, _P, _T]:
+        @functools.wraps(func)
+        async def wrapper(self: _S, /, *args: _P.args, **kwargs: _P.kwargs) -> AsyncIterator[_T]:
+            code = "CANCELLED"
+            try:
+                async for item in func(self, *args, **kwargs):
+                    yield item
+                code = "OK"
+            except Exception as exc:
+                error = to_grpc_error(exc)
+                code = error.status.name
+                raise error from exc
+            finally:
+                self.observe_rpc(method, code, None)
+
+        return wrapper
+
+    return decorate

@@ -155,8 +155,9 @@ class NvmlSampler:
         while True:
             cycle = self._cycle_at(anyio.current_time())
             samples = await self._in_thread(functools.partial(self._sample_all, cycle))
+            took = anyio.current_time() - cycle.taken_at
             # One Batch per cycle: the aggregator makes one snapshot of the whole node.
-            await send.send(Batch(source=self.name, samples=tuple(samples)))
+            await send.send(Batch(source=self.name, samples=tuple(samples), cycle_s=took))
             now = anyio.current_time()
             self._cycles += 1
             self._last_cycle_s = now - cycle.taken_at

@@ -1,0 +1,153 @@
+"""The debug tap: a broadcast of every sample and decision to whoever listens.
+
+Publishing never waits: each subscriber has a bounded buffer, and a subscriber that falls
+behind loses the newest events and has them counted, so a slow or stuck reader can never
+slow the pipeline or KEDA's answers. With no subscriber, publishing costs one check.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import anyio
+import msgspec
+
+from keda_gpu_scaler.domain.samples import Batch, GpuReading, Sample, SourceFault
+
+
+class TapDecision(msgspec.Struct, frozen=True, kw_only=True, tag="decision"):
+    trigger: str
+    """``namespace/name``, as KEDA sent it."""
+    metric: str
+    metric_type: str
+    rpc: str
+    at: float
+    value: float | None = None
+    target: float | None = None
+    active: bool | None = None
+    why: str
+    error: str | None = None
+
+
+TapEvent = GpuReading | SourceFault | TapDecision
+
+_ENCODER = msgspec.json.Encoder()
+
+
+@dataclass(frozen=True, slots=True)
+class TapFilter:
+    source: str | None = None
+    device: str | None = None
+    """A GPU index or a device UUID."""
+    metric: str | None = None
+    trigger: str | None = None
+
+    def accepts(self, event: TapEvent) -> bool:
+        if isinstance(event, TapDecision):
+            return (
+                self.source is None
+                and self.device is None
+                and self.metric in (None, event.metric, event.metric_type)
+                and self.trigger in (None, event.trigger)
+            )
+        if self.metric is not None or self.trigger is not None:
+            return False
+        if self.source is not None and event.source != self.source:
+            return False
+        return self.device is None or self.device in (str(event.index), event.key)
+
+
+class TapSubscription:
+    def __init__(
+        self, max_buffer: int, tap_filter: TapFilter, on_close: Callable[[TapSubscription], None]
+    ) -> None:
+        self._buffer: deque[bytes] = deque()
+        self._max_buffer = max_buffer
+        self._filter = tap_filter
+        self._on_close = on_close
+        self._ready = anyio.Event()
+        self._closed = False
+        self.dropped = 0
+        self.delivered = 0
+
+    def offer(self, event: TapEvent, encoded: Callable[[], bytes]) -> None:
+        if not self._filter.accepts(event):
+            return
+        if len(self._buffer) >= self._max_buffer:
+            self.dropped += 1
+            return
+        self._buffer.append(encoded())
+        self._ready.set()
+
+    def __aiter__(self) -> TapSubscription:
+        return self
+
+    async def __anext__(self) -> bytes:
+        """The next JSON line, waiting for one; ends once the subscription is closed."""
+        while not self._buffer:
+            if self._closed:
+                raise StopAsyncIteration
+            await self._ready.wait()
+            self._ready = anyio.Event()
+        self.delivered += 1
+        return self._buffer.popleft()
+
+    def close(self) -> None:
+        if not self._closed:
+            self._closed = True
+            self._ready.set()
+            self._on_close(self)
+
+    def __enter__(self) -> TapSubscription:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+
+class Tap:
+    def __init__(self, *, max_buffer: int = 1000) -> None:
+        self._subscribers: set[TapSubscription] = set()
+        self._max_buffer = max_buffer
+        self.dropped_total = 0
+
+    @property
+    def listening(self) -> bool:
+        return bool(self._subscribers)
+
+    def subscribe(self, tap_filter: TapFilter = TapFilter()) -> TapSubscription:
+        subscription = TapSubscription(self._max_buffer, tap_filter, self._unsubscribe)
+        self._subscribers.add(subscription)
+        return subscription
+
+    def _unsubscribe(self, subscription: TapSubscription) -> None:
+        self._subscribers.discard(subscription)
+        self.dropped_total += subscription.dropped
+
+    def publish_samples(self, samples: list[Sample]) -> None:
+        if not self._subscribers:
+            return
+        for sample in samples:
+            for event in sample.samples if isinstance(sample, Batch) else (sample,):
+                self.publish(event)
+
+    def publish(self, event: TapEvent) -> None:
+        if not self._subscribers:
+            return
+        cache: list[bytes] = []
+
+        def encoded() -> bytes:
+            if not cache:
+                cache.append(_ENCODER.encode(event) + b"\n")
+            return cache[0]
+
+        for subscription in list(self._subscribers):
+            subscription.offer(event, encoded)
+
+    def statistics(self) -> tuple[int, int]:
+        """(subscribers, events dropped so far, closed subscriptions included)."""
+        return len(self._subscribers), self.dropped_total + sum(
+            s.dropped for s in self._subscribers
+        )

@@ -1,0 +1,263 @@
+"""Self-metrics (Prometheus) and decision observers, fed without touching the hot path.
+
+GPU, source, stream and tap series are read from live objects at scrape time, so they are
+never stale and a GPU that disappears disappears from /metrics. Counters and histograms are
+fed by observers: the aggregator (sampler cycles), the servicer (RPCs and decisions).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+
+import anyio
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from keda_gpu_scaler.domain.catalog import CATALOG, Origin
+from keda_gpu_scaler.domain.decision import Decision
+from keda_gpu_scaler.domain.samples import Batch, GpuReading, Sample, SourceFault
+from keda_gpu_scaler.domain.trigger import TriggerSpec
+from keda_gpu_scaler.pipeline.hub import SnapshotHub
+from keda_gpu_scaler.pipeline.tap import Tap, TapDecision
+
+PREFIX = "keda_gpu_scaler"
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+DECISION_TTL_S = 600.0
+"""A trigger not evaluated for this long leaves /metrics (its ScaledObject is gone)."""
+_LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
+_GPU_METRICS = [info for info in CATALOG.values() if info.origin is Origin.GPU]
+
+
+def gpu_series_name(metric_type: str) -> str:
+    """``gpu_utilization`` -> ``keda_gpu_scaler_gpu_utilization``; others get ``gpu_``."""
+    return f"{PREFIX}_gpu_{metric_type.removeprefix('gpu_')}"
+
+
+@dataclass(frozen=True, slots=True)
+class _LastDecision:
+    value: float | None
+    target: float
+    active: bool | None
+    at: float
+
+
+class DecisionLog:
+    """The servicer's observer: per-trigger gauges and the debug tap."""
+
+    def __init__(self, tap: Tap | None = None) -> None:
+        self._tap = tap
+        self.last: dict[tuple[str, str], _LastDecision] = {}
+
+    def decided(
+        self, trigger: str, spec: TriggerSpec, rpc: str, decision: Decision, now: float
+    ) -> None:
+        self.last[(trigger, spec.metric_name)] = _LastDecision(
+            decision.value, spec.target, decision.active, now
+        )
+        if self._tap is not None and self._tap.listening:
+            self._tap.publish(
+                TapDecision(
+                    trigger=trigger,
+                    metric=spec.metric_name,
+                    metric_type=spec.metric_type.value,
+                    rpc=rpc,
+                    at=now,
+                    value=decision.value,
+                    target=spec.target,
+                    active=decision.active,
+                    why=decision.explanation,
+                )
+            )
+
+    def failed(self, trigger: str, spec: TriggerSpec, rpc: str, reason: str, now: float) -> None:
+        self.last[(trigger, spec.metric_name)] = _LastDecision(None, spec.target, None, now)
+        if self._tap is not None and self._tap.listening:
+            self._tap.publish(
+                TapDecision(
+                    trigger=trigger,
+                    metric=spec.metric_name,
+                    metric_type=spec.metric_type.value,
+                    rpc=rpc,
+                    at=now,
+                    target=spec.target,
+                    why=reason,
+                    error=reason,
+                )
+            )
+
+
+class SelfMetrics:
+    def __init__(
+        self,
+        hub: SnapshotHub,
+        decisions: DecisionLog,
+        *,
+        open_streams: Callable[[], int] = lambda: 0,
+        tap: Tap | None = None,
+    ) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        self._hub = hub
+        self._decisions = decisions
+        self._open_streams = open_streams
+        self._tap = tap
+        self.rpc_requests = Counter(
+            f"{PREFIX}_grpc_requests",
+            "gRPC requests answered, by method and status code",
+            ["method", "code"],
+            registry=self.registry,
+        )
+        self.rpc_seconds = Histogram(
+            f"{PREFIX}_grpc_request_duration_seconds",
+            "time to answer a unary gRPC request",
+            ["method"],
+            buckets=_LATENCY_BUCKETS,
+            registry=self.registry,
+        )
+        self.cycles = Counter(
+            f"{PREFIX}_sampler_cycles",
+            "sampler cycles folded, by source",
+            ["source"],
+            registry=self.registry,
+        )
+        self.errors = Counter(
+            f"{PREFIX}_sampler_errors",
+            "sampler faults (a device or the whole source), by source",
+            ["source"],
+            registry=self.registry,
+        )
+        self.cycle_seconds = Histogram(
+            f"{PREFIX}_sampler_cycle_duration_seconds",
+            "time one sampler cycle took to read",
+            ["source"],
+            buckets=_LATENCY_BUCKETS,
+            registry=self.registry,
+        )
+        self.registry.register(_LiveCollector(self))
+
+    def observe_samples(self, batch: list[Sample]) -> None:
+        for sample in batch:
+            if isinstance(sample, Batch):
+                self.cycles.labels(sample.source).inc()
+                if sample.cycle_s is not None:
+                    self.cycle_seconds.labels(sample.source).observe(sample.cycle_s)
+                faults = sum(isinstance(s, SourceFault) for s in sample.samples)
+                if faults:
+                    self.errors.labels(sample.source).inc(faults)
+            elif isinstance(sample, SourceFault):
+                self.errors.labels(sample.source).inc()
+            else:
+                self.cycles.labels(sample.source).inc()
+
+    def observe_rpc(self, method: str, code: str, seconds: float | None) -> None:
+        self.rpc_requests.labels(method, code).inc()
+        if seconds is not None:
+            self.rpc_seconds.labels(method).observe(seconds)
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)
+
+
+class _LiveCollector(Collector):
+    def __init__(self, owner: SelfMetrics) -> None:
+        self._owner = owner
+
+    def describe(self) -> list[Metric]:
+        return []
+
+    def collect(self) -> Iterator[Metric]:
+        now = anyio.current_time()
+        yield from _gpu_families(self._owner._hub, now)
+        yield from _source_families(self._owner._hub, now)
+        yield from _decision_families(self._owner._decisions, now)
+        streams = GaugeMetricFamily(f"{PREFIX}_open_streams", "open StreamIsActive streams")
+        streams.add_metric([], self._owner._open_streams())
+        yield streams
+        if self._owner._tap is not None:
+            subscribers, dropped = self._owner._tap.statistics()
+            yield GaugeMetricFamily(
+                f"{PREFIX}_tap_subscribers", "debug tap readers", value=subscribers
+            )
+            yield GaugeMetricFamily(
+                f"{PREFIX}_tap_dropped_events", "tap events dropped for slow readers", value=dropped
+            )
+
+
+_GPU_LABELS = ["index", "uuid", "name", "mig_instance"]
+
+
+def _labels(reading: GpuReading) -> list[str]:
+    mig = ""
+    if reading.is_mig_instance():
+        mig = f"{reading.parent_index}:{reading.gpu_instance_id}"
+    return [str(reading.index), reading.uuid, reading.name, mig]
+
+
+def _gpu_families(hub: SnapshotHub, now: float) -> Iterator[Metric]:
+    devices = hub.current.ordered_devices()
+    count = GaugeMetricFamily(
+        f"{PREFIX}_gpu_device_count", "GPUs and MIG instances with a fresh reading"
+    )
+    count.add_metric([], sum(not d.is_lost() and not d.is_stale(now) for d in devices))
+    yield count
+    lost = GaugeMetricFamily(
+        f"{PREFIX}_gpu_lost", "1 while a device is lost", labels=["index", "uuid"]
+    )
+    for device in devices:
+        lost.add_metric([str(device.index), device.key], 1.0 if device.is_lost() else 0.0)
+    yield lost
+    fresh = [
+        d.reading
+        for d in devices
+        if d.reading is not None and not d.is_lost() and not d.is_stale(now)
+    ]
+    for info in _GPU_METRICS:
+        assert info.read is not None
+        family = GaugeMetricFamily(
+            gpu_series_name(info.type.value),
+            f"{info.description} ({info.unit})",
+            labels=_GPU_LABELS,
+        )
+        for reading in fresh:
+            value = info.read(reading)
+            if value is not None:
+                family.add_metric(_labels(reading), value)
+        yield family
+
+
+def _source_families(hub: SnapshotHub, now: float) -> Iterator[Metric]:
+    age = GaugeMetricFamily(
+        f"{PREFIX}_source_reading_age_seconds",
+        "age of the newest reading, by source",
+        labels=["source"],
+    )
+    up = GaugeMetricFamily(
+        f"{PREFIX}_source_up",
+        "1 when the source's last word was a reading, 0 after a failure",
+        labels=["source"],
+    )
+    for name, state in sorted(hub.current.sources.items()):
+        if state.last_sample_at is not None:
+            age.add_metric([name], now - state.last_sample_at)
+        up.add_metric([name], 0.0 if state.fault is not None else 1.0)
+    yield age
+    yield up
+
+
+def _decision_families(log: DecisionLog, now: float) -> Iterator[Metric]:
+    labels = ["trigger", "metric"]
+    value = GaugeMetricFamily(f"{PREFIX}_trigger_value", "last value served", labels=labels)
+    target = GaugeMetricFamily(f"{PREFIX}_trigger_target", "the trigger's target", labels=labels)
+    active = GaugeMetricFamily(f"{PREFIX}_trigger_active", "1 when active", labels=labels)
+    for key, last in list(log.last.items()):
+        if now - last.at > DECISION_TTL_S:
+            del log.last[key]
+            continue
+        target.add_metric(list(key), last.target)
+        if last.value is not None and last.active is not None:
+            value.add_metric(list(key), last.value)
+            active.add_metric(list(key), 1.0 if last.active else 0.0)
+    yield value
+    yield target
+    yield active
