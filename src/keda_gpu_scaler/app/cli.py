@@ -10,7 +10,11 @@ import logging
 import os
 import signal
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from functools import partial
+from pathlib import Path
+from typing import Any
 
 import anyio
 
@@ -19,15 +23,12 @@ from keda_gpu_scaler.app.compose import build_source, open_scaler
 from keda_gpu_scaler.app.logs import LEVELS, configure_logging
 from keda_gpu_scaler.domain.errors import SourceUnavailable
 from keda_gpu_scaler.serving.server import DEFAULT_MAX_CONCURRENT_STREAMS
+from keda_gpu_scaler.serving.tls import ReloadingTlsContext, TlsConfig, TlsConfigError
 
 log = logging.getLogger("keda_gpu_scaler")
 
 ENV_PREFIX = "KEDA_GPU_SCALER_"
 EXIT_SOURCE_UNAVAILABLE = 2
-
-
-def _env(name: str, default: str) -> str:
-    return os.environ.get(ENV_PREFIX + name, default)
 
 
 def _positive_float(text: str) -> float:
@@ -52,13 +53,103 @@ def _stream_limit(text: str) -> int:
     return int(text)
 
 
-def _add_common(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "--log-level",
-        choices=LEVELS,
-        default=_env("LOG_LEVEL", "info"),
-        help="log level (env KEDA_GPU_SCALER_LOG_LEVEL; default info)",
-    )
+def _log_level(text: str) -> str:
+    if text not in LEVELS:
+        raise argparse.ArgumentTypeError(f"must be one of {', '.join(LEVELS)}: {text!r}")
+    return text
+
+
+def _optional_path(text: str) -> Path | None:
+    return Path(text) if text else None
+
+
+@dataclass(frozen=True, slots=True)
+class Flag:
+    """One ``serve`` flag, readable from ``KEDA_GPU_SCALER_<env>`` too."""
+
+    name: str
+    env: str
+    default: str
+    help: str
+    parse: Callable[[str], Any] = str
+
+    @property
+    def variable(self) -> str:
+        return ENV_PREFIX + self.env
+
+    def add_to(self, parser: argparse.ArgumentParser) -> None:
+        shown = f"default {self.default}" if self.default else "unset by default"
+        # A string default goes through `type` like a typed value, so a bad environment
+        # variable is reported as a usage error naming the flag.
+        parser.add_argument(
+            self.name,
+            type=self.parse,
+            default=os.environ.get(self.variable, self.default),
+            help=f"{self.help} (env {self.variable}; {shown})",
+        )
+
+
+SERVE_FLAGS = (
+    Flag("--host", "HOST", "0.0.0.0", "address to listen on"),
+    Flag("--port", "PORT", "6000", "gRPC port of the External Scaler; 0 picks a free one", _port),
+    Flag("--source", "SOURCE", "nvml", "nvml, replay (the bundled H200 trace) or replay:PATH"),
+    Flag("--interval", "INTERVAL", "1.0", "NVML sampling period, seconds", _positive_float),
+    Flag(
+        "--metrics-port",
+        "METRICS_PORT",
+        "9090",
+        "HTTP port of /metrics and /debug/tap; 0 disables",
+        _port,
+    ),
+    Flag(
+        "--probe-port", "PROBE_PORT", "8081", "HTTP port of /healthz and /readyz; 0 disables", _port
+    ),
+    Flag(
+        "--health-check-interval",
+        "HEALTH_CHECK_INTERVAL",
+        "10",
+        "seconds a gRPC health answer is reused",
+        _positive_float,
+    ),
+    Flag(
+        "--max-concurrent-streams",
+        "MAX_CONCURRENT_STREAMS",
+        str(DEFAULT_MAX_CONCURRENT_STREAMS),
+        "HTTP/2 streams per connection",
+        _stream_limit,
+    ),
+    Flag(
+        "--tls-cert", "TLS_CERT", "", "server certificate chain (PEM); enables TLS", _optional_path
+    ),
+    Flag(
+        "--tls-key", "TLS_KEY", "", "private key of --tls-cert (PEM, unencrypted)", _optional_path
+    ),
+    Flag(
+        "--tls-client-ca",
+        "TLS_CLIENT_CA",
+        "",
+        "CA bundle that client certificates must chain to; enables mutual TLS",
+        _optional_path,
+    ),
+    Flag(
+        "--tls-reload-interval",
+        "TLS_RELOAD_INTERVAL",
+        "10",
+        "seconds between checks of the TLS files for rotation",
+        _positive_float,
+    ),
+    Flag("--log-level", "LOG_LEVEL", "info", "log level: " + ", ".join(LEVELS), _log_level),
+)
+
+
+def _tls(args: argparse.Namespace) -> ReloadingTlsContext | None:
+    if args.tls_cert is None and args.tls_key is None:
+        if args.tls_client_ca is not None:
+            raise TlsConfigError("--tls-client-ca needs --tls-cert and --tls-key")
+        return None
+    if args.tls_cert is None or args.tls_key is None:
+        raise TlsConfigError("--tls-cert and --tls-key go together")
+    return ReloadingTlsContext(TlsConfig(args.tls_cert, args.tls_key, args.tls_client_ca))
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -67,36 +158,8 @@ def build_parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", required=True)
 
     serve = commands.add_parser("serve", help="serve the External Scaler gRPC contract")
-    serve.add_argument(
-        "--host",
-        default=_env("HOST", "0.0.0.0"),
-        help="address to listen on (env KEDA_GPU_SCALER_HOST; default 0.0.0.0)",
-    )
-    serve.add_argument(
-        "--port",
-        type=_port,
-        default=_env("PORT", "6000"),
-        help="gRPC port (env KEDA_GPU_SCALER_PORT; default 6000; 0 picks one)",
-    )
-    serve.add_argument(
-        "--source",
-        default=_env("SOURCE", "nvml"),
-        help="nvml, replay (bundled H200 trace) or replay:PATH "
-        "(env KEDA_GPU_SCALER_SOURCE; default nvml)",
-    )
-    serve.add_argument(
-        "--interval",
-        type=_positive_float,
-        default=_env("INTERVAL", "1.0"),
-        help="NVML sampling period in seconds (env KEDA_GPU_SCALER_INTERVAL)",
-    )
-    serve.add_argument(
-        "--max-concurrent-streams",
-        type=_stream_limit,
-        default=_env("MAX_CONCURRENT_STREAMS", str(DEFAULT_MAX_CONCURRENT_STREAMS)),
-        help="HTTP/2 streams per connection (env KEDA_GPU_SCALER_MAX_CONCURRENT_STREAMS)",
-    )
-    _add_common(serve)
+    for flag in SERVE_FLAGS:
+        flag.add_to(serve)
 
     tap = commands.add_parser("tap", help="print the live samples and decisions of a server")
     tap.add_argument(
@@ -108,6 +171,7 @@ def build_parser() -> argparse.ArgumentParser:
     tap.add_argument("--device", help="only samples of this GPU index or UUID")
     tap.add_argument("--metric", help="only decisions on this metric name or type")
     tap.add_argument("--trigger", help="only decisions of this trigger (namespace/name)")
+    tap.add_argument("--log-level", type=_log_level, default="warning")
 
     demo = commands.add_parser("demo", help="replay a real H200 recording and query it like KEDA")
     demo.add_argument(
@@ -122,25 +186,44 @@ def build_parser() -> argparse.ArgumentParser:
         default=1.0,
         help="seconds between KEDA-style polls (default 1)",
     )
-    demo.add_argument("--log-level", choices=LEVELS, default="warning")
+    demo.add_argument("--log-level", type=_log_level, default="warning")
     return parser
 
 
 async def _serve(args: argparse.Namespace) -> None:
     source = build_source(args.source, interval_s=args.interval)
+    tls = _tls(args)
     with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
-        async with open_scaler(
-            source,
-            host=args.host,
-            port=args.port,
-            max_concurrent_streams=args.max_concurrent_streams,
-        ) as running:
+        async with (
+            open_scaler(
+                source,
+                host=args.host,
+                port=args.port,
+                max_concurrent_streams=args.max_concurrent_streams,
+                ssl=None if tls is None else tls.context,
+                metrics_port=args.metrics_port or None,
+                probe_port=args.probe_port or None,
+                health_check_interval_s=args.health_check_interval,
+            ) as running,
+            anyio.create_task_group() as tg,
+        ):
+            if tls is not None:
+                tg.start_soon(partial(tls.watch, interval_s=args.tls_reload_interval))
             log.info(
-                "serving", extra={"host": args.host, "port": running.port, "source": source.name}
+                "serving",
+                extra={
+                    "host": args.host,
+                    "port": running.port,
+                    "metrics_port": running.metrics_port,
+                    "probe_port": running.probe_port,
+                    "source": source.name,
+                    "tls": "off" if tls is None else "mtls" if args.tls_client_ca else "tls",
+                },
             )
             async for signum in signals:
                 log.info("shutting down", extra={"signal": signal.Signals(signum).name})
                 break
+            tg.cancel_scope.cancel()
     log.info("stopped")
 
 
@@ -164,7 +247,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             from keda_gpu_scaler.app.demo import run_demo
 
             anyio.run(run_demo, args.duration, args.every, backend="asyncio")
-    except SourceUnavailable as exc:
+    except (SourceUnavailable, TlsConfigError) as exc:
         print(f"keda-gpu-scaler: {exc}", file=sys.stderr)
         return EXIT_SOURCE_UNAVAILABLE
     except KeyboardInterrupt:

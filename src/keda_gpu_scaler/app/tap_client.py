@@ -29,7 +29,9 @@ async def _stream(url: str, params: dict[str, str]) -> None:
                 sys.stdout.flush()
 
 
-async def _until_signal(url: str, params: dict[str, str]) -> None:
+async def _until_signal(url: str, params: dict[str, str]) -> str | None:
+    """Stream until SIGINT/SIGTERM or the end of the tap; the error text, if it failed."""
+    error: str | None = None
     async with anyio.create_task_group() as tg:
 
         async def stop() -> None:
@@ -38,8 +40,12 @@ async def _until_signal(url: str, params: dict[str, str]) -> None:
                     tg.cancel_scope.cancel()
 
         tg.start_soon(stop)
-        await _stream(url, params)
+        try:
+            await _stream(url, params)
+        except httpx.HTTPError as exc:
+            error = str(exc) or type(exc).__name__
         tg.cancel_scope.cancel()
+    return error
 
 
 def run_tap(
@@ -54,10 +60,10 @@ def run_tap(
     filters = {"source": source, "device": device, "metric": metric, "trigger": trigger}
     params = {k: v for k, v in filters.items() if v is not None}
     try:
-        anyio.run(_until_signal, url, params, backend="asyncio")
-    except httpx.HTTPError as exc:
-        print(f"keda-gpu-scaler tap: {url}: {exc}", file=sys.stderr)
-        return EXIT_UNREACHABLE
+        error = anyio.run(_until_signal, url, params, backend="asyncio")
     except BrokenPipeError:
         return 0
+    if error is not None:
+        print(f"keda-gpu-scaler tap: {url}: {error}", file=sys.stderr)
+        return EXIT_UNREACHABLE
     return 0

@@ -1,0 +1,152 @@
+"""The keda-gpu-scaler command line: flags, environment variables, logs and the tap client."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+import subprocess
+import sys
+
+import anyio
+import pytest
+
+from keda_gpu_scaler.app import cli
+from keda_gpu_scaler.app.cli import build_parser
+from keda_gpu_scaler.app.compose import RunningScaler
+from keda_gpu_scaler.app.logs import JsonFormatter
+from keda_gpu_scaler.serving._proto.externalscaler import ScaledObjectRef
+
+SERVE_FLAGS = {
+    "--host": ("HOST", "::1", "host", "::1"),
+    "--port": ("PORT", "7000", "port", 7000),
+    "--source": ("SOURCE", "replay", "source", "replay"),
+    "--interval": ("INTERVAL", "2.5", "interval", 2.5),
+    "--metrics-port": ("METRICS_PORT", "0", "metrics_port", 0),
+    "--probe-port": ("PROBE_PORT", "9999", "probe_port", 9999),
+    "--health-check-interval": ("HEALTH_CHECK_INTERVAL", "3", "health_check_interval", 3.0),
+    "--max-concurrent-streams": ("MAX_CONCURRENT_STREAMS", "2000", "max_concurrent_streams", 2000),
+    "--log-level": ("LOG_LEVEL", "debug", "log_level", "debug"),
+}
+
+
+@pytest.mark.parametrize(("flag", "spec"), SERVE_FLAGS.items())
+def test_every_serve_flag_reads_its_environment_variable(
+    flag: str, spec: tuple[str, str, str, object], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    env, raw, attribute, expected = spec
+    monkeypatch.setenv(f"KEDA_GPU_SCALER_{env}", raw)
+    args = build_parser().parse_args(["serve"])
+    assert getattr(args, attribute) == expected
+
+
+def test_the_flag_table_covers_every_serve_flag() -> None:
+    assert {flag.name for flag in cli.SERVE_FLAGS} == set(SERVE_FLAGS) | {
+        "--tls-cert",
+        "--tls-key",
+        "--tls-client-ca",
+        "--tls-reload-interval",
+    }
+
+
+def test_flags_override_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("KEDA_GPU_SCALER_PORT", "7000")
+    assert build_parser().parse_args(["serve", "--port", "7001"]).port == 7001
+
+
+def _cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "keda_gpu_scaler", *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+        env={**os.environ, **(env or {})},
+    )
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("args", "env", "message"),
+    [
+        (("serve", "--port", "70000"), {}, "not a TCP port"),
+        (("serve",), {"KEDA_GPU_SCALER_PORT": "abc"}, "not a TCP port"),
+        (("serve", "--interval", "0"), {}, "must be a positive number"),
+        (("serve", "--max-concurrent-streams", "50"), {}, "at least 100"),
+        (("serve", "--source", "replay:/nonexistent.jsonl"), {}, "cannot read replay trace"),
+        (("serve", "--source", "sim"), {}, 'unknown source "sim"'),
+    ],
+)
+def test_bad_configuration_is_a_clear_error_and_exit_2(
+    args: tuple[str, ...], env: dict[str, str], message: str
+) -> None:
+    result = _cli(*args, env=env)
+    assert result.returncode == 2
+    assert message in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_log_lines_are_json_with_stable_keys() -> None:
+    record = logging.makeLogRecord(
+        {
+            "name": "keda_gpu_scaler.x",
+            "levelname": "WARNING",
+            "msg": "source failed; restarting",
+            "source": "nvml",
+            "retry_in_s": 0.5,
+            "created": 0.0,
+            "msecs": 0.0,
+        }
+    )
+    entry = json.loads(JsonFormatter().format(record))
+    assert entry == {
+        "time": "1970-01-01T00:00:00.000Z",
+        "level": "warning",
+        "event": "source failed; restarting",
+        "logger": "keda_gpu_scaler.x",
+        "source": "nvml",
+        "retry_in_s": 0.5,
+    }
+
+
+@pytest.mark.slow
+@pytest.mark.anyio
+async def test_tap_command_prints_live_json_lines(scaler: RunningScaler) -> None:
+    command = [
+        sys.executable,
+        "-m",
+        "keda_gpu_scaler",
+        "tap",
+        "--address",
+        f"127.0.0.1:{scaler.metrics_port}",
+        "--device",
+        "0",
+    ]
+    async with await anyio.open_process(command) as process:
+        assert process.stdout is not None
+        buffered = b""
+        with anyio.fail_after(20):
+            while buffered.count(b"\n") < 2:
+                buffered += await process.stdout.receive()
+        process.send_signal(signal.SIGINT)
+        assert await process.wait() == 0
+    events = [json.loads(line) for line in buffered.splitlines()[:2]]
+    assert {(e["type"], e["index"]) for e in events} == {("gpu", 0)}
+
+
+@pytest.mark.slow
+def test_tap_command_without_a_server_is_one_line_and_exit_1() -> None:
+    import socket
+
+    with socket.socket() as unused:
+        unused.bind(("127.0.0.1", 0))
+        port = unused.getsockname()[1]
+    result = _cli("tap", "--address", f"127.0.0.1:{port}")
+    assert result.returncode == 1
+    assert result.stderr.startswith("keda-gpu-scaler tap: http://127.0.0.1:")
+    assert len(result.stderr.strip().splitlines()) == 1
+
+
+def test_scaled_object_ref_is_importable_for_clients() -> None:
+    assert ScaledObjectRef(name="a").name == "a"
