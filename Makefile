@@ -5,7 +5,7 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 
-.PHONY: demo test lint types layers unit proto bench clean
+.PHONY: demo test lint types layers unit proto bench docs clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -45,3 +45,6 @@ bench: $(VENV)/.installed-test
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache .hypothesis
+
+docs: $(VENV)/.installed
+	$(BIN)/python -m keda_gpu_scaler.app.reference > docs/configuration.md

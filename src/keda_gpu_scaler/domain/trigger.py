@@ -54,6 +54,36 @@ TRIGGER_KEYS: tuple[str, ...] = (
     "cooldownSeconds",
 )
 KEDA_KEYS: tuple[str, ...] = ("scalerAddress", "enableTLS", "unsafeSsl")
+
+TRIGGER_KEY_HELP: dict[str, tuple[str, str]] = {
+    "profile": ("none", "a named profile: metric name, type, target and activation"),
+    "metricName": (
+        "`keda_gpu_metric` or the profile's",
+        "the HPA metric name; served lowercase, made of `[a-z0-9_-]`",
+    ),
+    "metricType": ("`gpu_utilization` or the profile's", "what to measure (see metric types)"),
+    "targetValue": ("`80` or the profile's", "the HPA target; finite and greater than 0"),
+    "targetGpuUtilization": (
+        "none",
+        "shorthand: sets the target and `metricType: gpu_utilization`",
+    ),
+    "targetMemoryUtilization": (
+        "none",
+        "shorthand: sets the target and `metricType: memory_used_percent`",
+    ),
+    "activationThreshold": (
+        "`0` or the profile's",
+        "active when the value is strictly above it; finite",
+    ),
+    "gpuIndex": ("`-1` (all GPUs)", "NVML index of one physical GPU, as `nvidia-smi` numbers them"),
+    "migInstance": ("none", "one MIG instance: its `MIG-…` UUID, or `GPU:GI[:CI]` such as `0:7`"),
+    "aggregation": ("`max`", "over the selected GPUs: `max`, `min`, `avg`, `sum`, `p95`, `p99`"),
+    "pollIntervalSeconds": ("`10`", "StreamIsActive heartbeat period; an integer of at least 1"),
+    "vllmEndpoint": ("none", "vLLM `/metrics` URL (http or https)"),
+    "tritonEndpoint": ("none", "Triton `/metrics` URL (http or https)"),
+    "cooldownSeconds": ("`60`", "scale-down suppression window in seconds; `0` turns it off"),
+}
+"""Default and meaning of every key, for the generated configuration reference."""
 _FROM_ENV = "FromEnv"
 
 _FLOAT = re.compile(r"[+-]?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][+-]?\d+)?")

@@ -1,0 +1,111 @@
+"""The configuration reference, generated from the code's own catalogs.
+
+``python -m keda_gpu_scaler.app.reference > docs/configuration.md`` (``make docs``); a test
+fails when the committed file differs from what this renders.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from keda_gpu_scaler.app.cli import SERVE_FLAGS
+from keda_gpu_scaler.domain.catalog import CATALOG
+from keda_gpu_scaler.domain.profiles import PROFILES
+from keda_gpu_scaler.domain.trigger import KEDA_KEYS, TRIGGER_KEY_HELP, TRIGGER_KEYS
+
+
+def _table(header: tuple[str, ...], rows: Sequence[tuple[str, ...]]) -> list[str]:
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    return lines + ["| " + " | ".join(row) + " |" for row in rows]
+
+
+def _trigger_keys() -> list[str]:
+    rows = [(f"`{key}`", *TRIGGER_KEY_HELP[key]) for key in TRIGGER_KEYS]
+    return _table(("key", "default", "meaning"), rows)
+
+
+def _metric_types() -> list[str]:
+    rows = []
+    for info in CATALOG.values():
+        needs = f"; needs {info.needs}" if info.needs else ""
+        rows.append(
+            (f"`{info.type}`", info.unit, info.origin.value, info.source, info.description + needs)
+        )
+    return _table(("metricType", "unit", "from", "source", "meaning"), rows)
+
+
+def _profiles() -> list[str]:
+    rows = [
+        (
+            f"`{p.name}`",
+            f"`{p.metric_name}`",
+            f"`{p.metric_type}`",
+            f"{p.target:g}",
+            f"{p.activation:g}",
+            str(p.keda_cooldown_s),
+            p.description,
+        )
+        for p in PROFILES.values()
+    ]
+    header = (
+        "profile",
+        "metricName",
+        "metricType",
+        "target",
+        "activation",
+        "suggested cooldownPeriod s",
+        "for",
+    )
+    return _table(header, rows)
+
+
+def _flags() -> list[str]:
+    rows = [
+        (f"`{f.name}`", f"`{f.variable}`", f"`{f.default}`" if f.default else "unset", f.help)
+        for f in SERVE_FLAGS
+    ]
+    return _table(("flag", "environment variable", "default", "meaning"), rows)
+
+
+def render_configuration() -> str:
+    keda = ", ".join(f"`{k}`" for k in KEDA_KEYS)
+    parts = [
+        "# Configuration reference",
+        "",
+        "Generated from the code by `make docs`; do not edit by hand.",
+        "",
+        "## Trigger metadata",
+        "",
+        "Keys are case-sensitive. Explicit keys override the profile; the shorthands "
+        "`targetGpuUtilization` and `targetMemoryUtilization` override `targetValue` and "
+        "`metricType` whatever their order. Any key may arrive as `<key>FromEnv` (resolved by "
+        f"KEDA from the scale target's environment). KEDA's own keys ({keda}) and unknown keys "
+        "are ignored; a key that looks like a typo of a known one is logged as a warning. Bad "
+        "values are answered with `INVALID_ARGUMENT` naming the key and the value.",
+        "",
+        *_trigger_keys(),
+        "",
+        "## Metric types",
+        "",
+        *_metric_types(),
+        "",
+        "## Profiles",
+        "",
+        "Only the metric name, type, target and activation are applied. The cooldown column is "
+        "the `cooldownPeriod` the examples set on the ScaledObject (KEDA's 1 to 0 delay).",
+        "",
+        *_profiles(),
+        "",
+        "## `keda-gpu-scaler serve` flags",
+        "",
+        "Every flag can be set from its environment variable; a flag given on the command line "
+        "wins.",
+        "",
+        *_flags(),
+        "",
+    ]
+    return "\n".join(parts)
+
+
+if __name__ == "__main__":
+    print(render_configuration(), end="")

@@ -1,0 +1,114 @@
+"""Typed engine readings and the sample an :class:`EngineSampler` publishes.
+
+Plain msgspec Structs with no I/O imports, so they can move to the domain layer as they are.
+Every value is optional: ``None`` means "no reading" and ``reasons[field]`` says why (a
+family missing from the payload, the first scrape of a counter, no request finished in the
+window, ...). A missing value is never 0: a false 0 lets KEDA scale a busy workload in.
+
+Units: counts in requests, levels in percent (0-100), durations in the unit the field name
+ends with (``_s`` seconds, ``_ms`` milliseconds), rates per second.
+"""
+
+from __future__ import annotations
+
+import enum
+
+import msgspec
+
+
+class EngineKind(enum.StrEnum):
+    VLLM = "vllm"
+    TRITON = "triton"
+    TGI = "tgi"
+    SGLANG = "sglang"
+
+
+class _Reading(msgspec.Struct, frozen=True, kw_only=True):
+    taken_at: float
+    """anyio clock seconds when the scrape started."""
+    reasons: dict[str, str] = msgspec.field(default_factory=dict)
+    """Field name -> why that field is None."""
+
+    def value(self, field: str) -> float | None:
+        """The value of a reading field by name (``None`` when absent)."""
+        result = getattr(self, field)
+        if result is not None and not isinstance(result, float):
+            raise TypeError(f"{field} is not a reading field")
+        return result
+
+    def why_absent(self, field: str) -> str | None:
+        return self.reasons.get(field)
+
+
+class VllmReading(_Reading, frozen=True, kw_only=True, tag="vllm"):
+    queue_depth: float | None = None
+    """Σ ``vllm:num_requests_waiting`` over engines and models."""
+    running: float | None = None
+    """Σ ``vllm:num_requests_running``."""
+    kv_cache_usage_percent: float | None = None
+    """100 × max over engines of ``vllm:kv_cache_usage_perc`` (old name as a fallback)."""
+    queue_time_mean_s: float | None = None
+    """Mean scheduler-queue time of requests that finished in the last window."""
+    queue_time_p95_s: float | None = None
+    ttft_mean_s: float | None = None
+    """Mean time to first token of requests that got one in the last window."""
+    ttft_p95_s: float | None = None
+    preemptions_per_s: float | None = None
+
+
+class TritonReading(_Reading, frozen=True, kw_only=True, tag="triton"):
+    pending_requests: float | None = None
+    """Σ ``nv_inference_pending_request_count``: the queue, leading indicator."""
+    queue_wait_ms: float | None = None
+    """Δ queue time / Δ successful **requests** over the last window, per request."""
+    request_rate: float | None = None
+    """(Δ success + Δ failure) / Δt, requests per second."""
+    inference_rate: float | None = None
+    """Δ ``nv_inference_count`` / Δt: batch **items** per second, not requests."""
+
+
+class TgiReading(_Reading, frozen=True, kw_only=True, tag="tgi"):
+    queue_size: float | None = None
+    """``tgi_queue_size``: requests waiting."""
+    batch_size: float | None = None
+    """``tgi_batch_current_size``: requests in the running batch."""
+
+
+class SglangReading(_Reading, frozen=True, kw_only=True, tag="sglang"):
+    queue_requests: float | None = None
+    """``sglang:num_queue_reqs``: max over tp/pp ranks, Σ over dp ranks."""
+    running_requests: float | None = None
+    token_usage_percent: float | None = None
+    """100 × max over ranks of ``sglang:token_usage`` (a fraction 0..1 of the KV token pool)."""
+
+
+EngineReading = VllmReading | TritonReading | TgiReading | SglangReading
+
+
+class PodResult(msgspec.Struct, frozen=True, kw_only=True):
+    """One pod behind a headless Service (``endpointDiscovery: dns``)."""
+
+    address: str
+    reading: EngineReading | None = None
+    error: str | None = None
+    duration_s: float | None = None
+
+
+class EngineSample(msgspec.Struct, frozen=True, kw_only=True, tag="engine"):
+    """One scrape cycle of one endpoint: a reading, or why there is none (``error``).
+
+    In DNS discovery mode ``reading`` is the deployment aggregate over the pods that
+    answered (queues summed, cache usage the highest, rates summed) and ``pods`` has each
+    pod's own result; a pod that failed adds nothing to the aggregate.
+    """
+
+    source: str
+    kind: EngineKind
+    endpoint: str
+    taken_at: float
+    reading: EngineReading | None = None
+    error: str | None = None
+    pods: tuple[PodResult, ...] = ()
+
+    def is_failure(self) -> bool:
+        return self.reading is None

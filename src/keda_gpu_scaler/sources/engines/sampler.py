@@ -1,0 +1,208 @@
+"""EngineSampler: the actor that scrapes one engine endpoint at a steady cadence.
+
+One sampler per (engine kind, endpoint, discovery mode) serves every trigger that names
+it: rates come from **its own** consecutive scrapes, so no caller moves another's
+baseline (defect D5 of the Go project). Each cycle publishes one :class:`EngineSample`,
+a failed cycle included (``reading`` None, ``error`` the reason); the next cycle simply
+tries again, so the sampler recovers by itself when the endpoint comes back.
+
+Series are tagged with the address that answered (label ``__address__``, a name no engine
+can export) before counters are compared. So a Service name that starts resolving to
+another pod, or a pod that appears or vanishes behind a headless Service, re-baselines its
+own series instead of producing a bogus delta; per-pod baselines fall out of one mapping.
+After a failed cycle the baseline is dropped: an outage is often a restart whose counters
+may already have climbed past their old values, which no reset check could see.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import anyio
+from anyio.abc import TaskStatus
+from anyio.streams.memory import MemoryObjectSendStream
+
+from keda_gpu_scaler.domain.errors import InvalidTrigger, NoData
+from keda_gpu_scaler.sources.engines.extract import SELECTIONS, extract
+from keda_gpu_scaler.sources.engines.http import EngineScraper, PodScrape, Scrape
+from keda_gpu_scaler.sources.engines.promtext import Exposition, merge_expositions
+from keda_gpu_scaler.sources.engines.readings import (
+    EngineKind,
+    EngineReading,
+    EngineSample,
+    PodResult,
+)
+from keda_gpu_scaler.sources.engines.window import Baseline
+
+ADDRESS_LABEL = "__address__"
+DEFAULT_INTERVAL_S = 5.0
+
+
+class Discovery(enum.StrEnum):
+    STATIC = "static"
+    """Scrape the URL's host (its first vetted address)."""
+    DNS = "dns"
+    """The host is a headless Service: scrape every pod it resolves to."""
+
+
+@dataclass(frozen=True, slots=True)
+class EngineSamplerStatistics:
+    scrapes: int
+    errors: int
+    """Cycles that produced no reading."""
+    last_scrape_s: float | None
+    """How long the last cycle took, resolution and every pod included."""
+    last_scrape_at: float | None
+    last_error: str | None
+    """The most recent error, kept after recovery (``errors`` says how many)."""
+    pods: int
+    """Pods that answered the last cycle (1 or 0 in static mode)."""
+
+
+class EngineSampler:
+    def __init__(
+        self,
+        kind: EngineKind,
+        url: str,
+        scraper: EngineScraper,
+        *,
+        discovery: Discovery = Discovery.STATIC,
+        interval_s: float = DEFAULT_INTERVAL_S,
+        name: str | None = None,
+    ) -> None:
+        self.kind = kind
+        self.url = url
+        self.discovery = discovery
+        self.interval_s = interval_s
+        self.name = name or f"{kind}:{discovery}:{url}"
+        self._scraper = scraper
+        self._selection = SELECTIONS[kind]
+        self._baseline: Baseline | None = None
+        self._scrapes = 0
+        self._errors = 0
+        self._last_scrape_s: float | None = None
+        self._last_scrape_at: float | None = None
+        self._last_error: str | None = None
+        self._pods = 0
+
+    def statistics(self) -> EngineSamplerStatistics:
+        return EngineSamplerStatistics(
+            scrapes=self._scrapes,
+            errors=self._errors,
+            last_scrape_s=self._last_scrape_s,
+            last_scrape_at=self._last_scrape_at,
+            last_error=self._last_error,
+            pods=self._pods,
+        )
+
+    async def run(
+        self,
+        send: MemoryObjectSendStream[EngineSample],
+        *,
+        task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED,
+    ) -> None:
+        async with send:
+            task_status.started()
+            next_at = anyio.current_time()
+            while True:
+                await send.send(await self.sample())
+                next_at = _next_slot(next_at, self.interval_s, anyio.current_time())
+                await anyio.sleep_until(next_at)
+
+    async def sample(self) -> EngineSample:
+        """One cycle: scrape, compute against this sampler's baseline, never raise NoData."""
+        started = anyio.current_time()
+        self._scrapes += 1
+        self._last_scrape_at = started
+        try:
+            sample = await self._cycle(started)
+        except (NoData, InvalidTrigger) as exc:
+            sample = self._failure(started, str(exc))
+        self._last_scrape_s = anyio.current_time() - started
+        return sample
+
+    async def _cycle(self, started: float) -> EngineSample:
+        if self.discovery is Discovery.DNS:
+            pods = await self._scraper.fetch_pods(self.url, self._selection)
+            return self._from_pods(started, pods)
+        scrape = await self._scraper.fetch(self.url, self._selection)
+        self._pods = 1
+        reading, self._baseline = extract(
+            self.kind, _tagged(scrape), taken_at=started, previous=self._baseline
+        )
+        return self._sample(started, reading=reading)
+
+    def _from_pods(self, started: float, pods: list[PodScrape]) -> EngineSample:
+        answered = [(p.address, _tagged(p.scrape)) for p in pods if p.scrape is not None]
+        failed = [p for p in pods if p.scrape is None]
+        self._pods = len(answered)
+        if not answered:
+            reasons = "; ".join(f"{p.address}: {p.error}" for p in failed)
+            return self._failure(started, f"no pod answered ({reasons})", pods=_results(pods))
+        previous = self._baseline
+        merged = merge_expositions(e for _, e in answered)
+        reading, self._baseline = extract(self.kind, merged, taken_at=started, previous=previous)
+        per_pod = {
+            address: extract(self.kind, exposition, taken_at=started, previous=previous)[0]
+            for address, exposition in answered
+        }
+        note = f"{len(failed)} of {len(pods)} pods failed" if failed else None
+        if failed:
+            self._last_error = "; ".join(f"{p.address}: {p.error}" for p in failed)
+        return self._sample(started, reading=reading, error=note, pods=_results(pods, per_pod))
+
+    def _failure(
+        self, started: float, reason: str, *, pods: tuple[PodResult, ...] = ()
+    ) -> EngineSample:
+        self._errors += 1
+        self._last_error = reason
+        self._baseline = None
+        return self._sample(started, error=reason, pods=pods)
+
+    def _sample(
+        self,
+        started: float,
+        *,
+        reading: EngineReading | None = None,
+        error: str | None = None,
+        pods: tuple[PodResult, ...] = (),
+    ) -> EngineSample:
+        return EngineSample(
+            source=self.name,
+            kind=self.kind,
+            endpoint=self.url,
+            taken_at=started,
+            reading=reading,
+            error=error,
+            pods=pods,
+        )
+
+
+def _tagged(scrape: Scrape) -> Exposition:
+    return scrape.exposition.with_label(ADDRESS_LABEL, scrape.address)
+
+
+def _results(
+    pods: list[PodScrape], readings: Mapping[str, EngineReading] | None = None
+) -> tuple[PodResult, ...]:
+    found = readings or {}
+    return tuple(
+        PodResult(
+            address=p.address,
+            reading=found.get(p.address),
+            error=p.error,
+            duration_s=p.scrape.duration_s if p.scrape is not None else None,
+        )
+        for p in pods
+    )
+
+
+def _next_slot(previous: float, interval: float, now: float) -> float:
+    """The next tick of the schedule; ticks missed by a slow scrape are skipped, not bunched."""
+    following = previous + interval
+    if following > now:
+        return following
+    missed = int((now - following) // interval) + 1
+    return following + missed * interval

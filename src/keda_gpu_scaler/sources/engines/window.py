@@ -1,0 +1,268 @@
+"""Sans-I/O arithmetic over parsed samples: gauges, per-series counter deltas, histograms.
+
+A computation that cannot give a number raises :class:`Absent` with the reason, which the
+extractors store next to the field; nothing here ever turns "unknown" into 0.
+
+Counters are compared **per series** (sample name plus full label set) between two
+scrapes. A series that went backwards (a restart, a model reload) or that is new this
+scrape is re-baselined: it adds nothing to this window and its current value is the next
+baseline. A signal whose every series was re-baselined is absent, not 0; a signal whose
+series all moved by 0 is a real 0.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from collections.abc import Callable, Iterable, Mapping
+
+import msgspec
+
+from keda_gpu_scaler.sources.engines.promtext import Exposition, Labels, PromSample, SeriesKey
+
+
+class Absent(Exception):
+    """No value for one field; ``reason`` says why."""
+
+    def __init__(self, reason: str) -> None:
+        self.reason = reason
+        super().__init__(reason)
+
+
+class Baseline(msgspec.Struct, frozen=True):
+    """Cumulative series of one scrape, kept for the next scrape's deltas."""
+
+    at: float
+    values: dict[SeriesKey, float]
+
+
+class Window(msgspec.Struct, frozen=True):
+    """Valid per-series deltas between two scrapes ``dt`` seconds apart."""
+
+    dt: float
+    deltas: dict[SeriesKey, float]
+    current: dict[SeriesKey, float]
+
+
+def fill(computations: Mapping[str, Callable[[], float]]) -> dict[str, float | str]:
+    """Run each field's computation: a float, or the reason it is absent (a str)."""
+    out: dict[str, float | str] = {}
+    for field, compute in computations.items():
+        try:
+            out[field] = compute()
+        except Absent as absent:
+            out[field] = absent.reason
+    return out
+
+
+def split(results: dict[str, float | str]) -> tuple[dict[str, float], dict[str, str]]:
+    values = {k: v for k, v in results.items() if isinstance(v, float)}
+    reasons = {k: v for k, v in results.items() if isinstance(v, str)}
+    return values, reasons
+
+
+# --- gauges -------------------------------------------------------------------------------
+
+
+def _finite(samples: list[PromSample], name: str, exposition: Exposition) -> list[PromSample]:
+    if not samples:
+        if name in exposition.declared:
+            raise Absent(f"{name} is declared but has no samples (stats logging disabled?)")
+        raise Absent(f"{name} is missing from the payload")
+    for s in samples:
+        if not math.isfinite(s.value) or s.value < 0:
+            raise Absent(f"{name}{_show(s.labels)} is {s.value!r}")
+    return samples
+
+
+def gauge_sum(exposition: Exposition, name: str) -> float:
+    return math.fsum(s.value for s in _finite(exposition.named(name), name, exposition))
+
+
+def gauge_max(exposition: Exposition, name: str) -> float:
+    return max(s.value for s in _finite(exposition.named(name), name, exposition))
+
+
+def gauge_sum_of_max(exposition: Exposition, name: str, rank_labels: frozenset[str]) -> float:
+    """Max within the ranks of one scheduler (``rank_labels`` ignored), Σ over schedulers."""
+    groups: dict[Labels, float] = defaultdict(float)
+    for s in _finite(exposition.named(name), name, exposition):
+        key = tuple(p for p in s.labels if p[0] not in rank_labels)
+        groups[key] = max(groups[key], s.value)
+    return math.fsum(groups.values())
+
+
+def fraction_percent(value: float, name: str) -> float:
+    """A 0..1 fraction as percent; above 1 means the engine's unit changed: refuse it."""
+    if value > 1.0:
+        raise Absent(f"{name} is {value!r}, above 1 (expected a fraction 0..1)")
+    return value * 100.0
+
+
+# --- counters -----------------------------------------------------------------------------
+
+
+def take_baseline(exposition: Exposition, names: Iterable[str], at: float) -> Baseline:
+    wanted = frozenset(names)
+    values = {s.key: s.value for s in exposition.samples if s.name in wanted}
+    return Baseline(at=at, values=values)
+
+
+def window_between(previous: Baseline | None, current: Baseline) -> Window | None:
+    """Per-series deltas; None before a second scrape or when the clock did not move."""
+    if previous is None or current.at <= previous.at:
+        return None
+    deltas: dict[SeriesKey, float] = {}
+    for key, value in current.values.items():
+        before = previous.values.get(key)
+        if before is None or not math.isfinite(value) or not math.isfinite(before):
+            continue  # new series: re-baseline
+        if value >= before:
+            deltas[key] = value - before
+        # else: reset, re-baseline (never a negative delta)
+    return Window(dt=current.at - previous.at, deltas=deltas, current=current.values)
+
+
+def require(window: Window | None, first_reason: str) -> Window:
+    if window is None:
+        raise Absent(first_reason)
+    return window
+
+
+def counter_delta(window: Window, name: str) -> float:
+    """Σ of valid deltas of every series of ``name``."""
+    keys = [k for k in window.current if k[0] == name]
+    if not keys:
+        raise Absent(f"{name} is missing from the payload")
+    valid = [window.deltas[k] for k in keys if k in window.deltas]
+    if not valid:
+        raise Absent(f"{name} was reset or is new in this window; re-baselined")
+    return math.fsum(valid)
+
+
+def paired_deltas(window: Window, numerator: str, denominator: str) -> tuple[float, float]:
+    """Σ Δnumerator and Σ Δdenominator over label sets where both series have a delta."""
+    num = {k[1]: d for k, d in window.deltas.items() if k[0] == numerator}
+    den = {k[1]: d for k, d in window.deltas.items() if k[0] == denominator}
+    both = num.keys() & den.keys()
+    if not both:
+        for name in (numerator, denominator):
+            counter_delta(window, name)  # raises the precise reason
+        raise Absent(f"no series of {numerator} matches one of {denominator}")
+    return math.fsum(num[k] for k in both), math.fsum(den[k] for k in both)
+
+
+def rate(window: Window, names: Iterable[str]) -> float:
+    return math.fsum(counter_delta(window, name) for name in names) / window.dt
+
+
+# --- histograms ---------------------------------------------------------------------------
+
+
+class HistogramDelta(msgspec.Struct, frozen=True):
+    buckets: list[tuple[float, float]]
+    """(upper bound, cumulative Δcount), sorted by bound; ends with +Inf."""
+    count: float
+    sum: float | None
+
+
+def histogram_names(family: str) -> tuple[str, str, str]:
+    return family + "_bucket", family + "_count", family + "_sum"
+
+
+def histogram_delta(window: Window, family: str) -> HistogramDelta:
+    """Bucket deltas summed over every series group (engines, models, pods) with valid deltas."""
+    bucket_name, count_name, sum_name = histogram_names(family)
+    groups: dict[Labels, dict[float, float] | None] = {}
+    for key in window.current:
+        name, labels = key
+        if name != bucket_name:
+            continue
+        base = tuple(p for p in labels if p[0] != "le")
+        delta = window.deltas.get(key)
+        bucket = groups.setdefault(base, {})
+        if delta is None or bucket is None:
+            groups[base] = None  # one bucket re-baselined: the whole group waits a window
+            continue
+        bucket[_upper_bound(labels, bucket_name)] = delta
+    if not groups:
+        raise Absent(f"{family} is missing from the payload")
+    return _merge(window, groups, count_name, sum_name, family)
+
+
+def _merge(
+    window: Window,
+    groups: dict[Labels, dict[float, float] | None],
+    count_name: str,
+    sum_name: str,
+    family: str,
+) -> HistogramDelta:
+    merged: dict[float, float] = defaultdict(float)
+    count = 0.0
+    total: float | None = 0.0
+    used = 0
+    for base, buckets in groups.items():
+        count_delta = window.deltas.get((count_name, base))
+        if buckets is None or count_delta is None:
+            continue
+        used += 1
+        buckets.setdefault(math.inf, count_delta)  # PromQL needs +Inf; _count is the same
+        for bound, delta in buckets.items():
+            merged[bound] += delta
+        count += count_delta
+        sum_delta = window.deltas.get((sum_name, base))
+        total = None if total is None or sum_delta is None else total + sum_delta
+    if not used:
+        raise Absent(f"{family} was reset or is new in this window; re-baselined")
+    return HistogramDelta(sorted(merged.items()), count, total)
+
+
+def histogram_mean(hist: HistogramDelta, family: str) -> float:
+    if hist.count <= 0:
+        raise Absent(f"no {family} observations in the window")
+    if hist.sum is None:
+        raise Absent(f"{family}_sum is missing from the payload")
+    return hist.sum / hist.count
+
+
+def histogram_quantile(q: float, hist: HistogramDelta, family: str) -> float:
+    """Linear interpolation inside the bucket holding rank ``q × count``, as PromQL does."""
+    buckets = _monotonic(hist.buckets)
+    if len(buckets) < 2 or buckets[-1][1] <= 0:
+        raise Absent(f"no {family} observations in the window")
+    rank = q * buckets[-1][1]
+    lower, below = 0.0, 0.0
+    for bound, cumulative in buckets:
+        if cumulative >= rank:
+            if math.isinf(bound):
+                return lower  # past the last finite bound: PromQL answers that bound
+            if bound <= 0:
+                return bound
+            width = cumulative - below
+            return lower + (bound - lower) * ((rank - below) / width if width else 1.0)
+        lower, below = bound, cumulative
+    raise Absent(f"{family} buckets are inconsistent")  # unreachable: +Inf holds everything
+
+
+def _monotonic(buckets: list[tuple[float, float]]) -> list[tuple[float, float]]:
+    # Scrapes are not atomic; PromQL smooths small non-monotonic bucket counts the same way.
+    out: list[tuple[float, float]] = []
+    high = 0.0
+    for bound, cumulative in buckets:
+        high = max(high, cumulative)
+        out.append((bound, high))
+    return out
+
+
+def _upper_bound(labels: Labels, name: str) -> float:
+    text = dict(labels).get("le")
+    if text is None:
+        raise Absent(f"{name} has a sample without an le label")
+    try:
+        return float(text)
+    except ValueError:
+        raise Absent(f"{name} has an invalid le={text!r}") from None
+
+
+def _show(labels: Labels) -> str:
+    return "{" + ",".join(f'{k}="{v}"' for k, v in labels) + "}" if labels else ""
