@@ -23,9 +23,9 @@ from typing import Any
 
 from prometheus_client.parser import text_string_to_metric_families
 
+from keda_gpu_scaler.domain.engines import EngineKind
 from keda_gpu_scaler.sources.engines.extract import SELECTIONS, extract
 from keda_gpu_scaler.sources.engines.promtext import Selection, parse_exposition
-from keda_gpu_scaler.sources.engines.readings import EngineKind
 
 ROOT = Path(__file__).parent
 FIXTURE = ROOT.parent / "tests" / "fixtures" / "engines" / "vllm-v0-datadog-integrations-core.txt"

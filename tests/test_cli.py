@@ -47,6 +47,9 @@ def test_the_flag_table_covers_every_serve_flag() -> None:
         "--tls-key",
         "--tls-client-ca",
         "--tls-reload-interval",
+        "--engine-interval",
+        "--engine-idle-stop",
+        "--engine-allowed-networks",
     }
 
 

@@ -9,7 +9,8 @@ import msgspec
 import pytest
 
 from keda_gpu_scaler.domain.decision import decide, measure
-from keda_gpu_scaler.domain.errors import NoData
+from keda_gpu_scaler.domain.engines import EngineKind, EngineSample, VllmReading
+from keda_gpu_scaler.domain.errors import InvalidTrigger, NoData
 from keda_gpu_scaler.domain.samples import DeviceKey, GpuReading
 from keda_gpu_scaler.domain.snapshot import DeviceState, Snapshot
 from keda_gpu_scaler.domain.trigger import parse_trigger
@@ -109,8 +110,61 @@ def test_empty_snapshot_is_unavailable() -> None:
 
 def test_engine_metric_types_are_unavailable_not_zero() -> None:
     spec = parse_trigger({"profile": "vllm-queue-depth", "vllmEndpoint": "http://vllm/metrics"})
-    with pytest.raises(NoData, match="engine"):
+    with pytest.raises(NoData, match=r"no scrape of http://vllm/metrics yet"):
         measure(spec, FOUR, 100.0)
+
+
+def _engine_snapshot(sample: EngineSample) -> Snapshot:
+    return Snapshot(
+        version=1, published_at=100.0, engines=MappingProxyType({sample.source: sample})
+    )
+
+
+VLLM_SPEC = {"vllmEndpoint": "http://vllm:8000/metrics", "cooldownSeconds": "0"}
+VLLM_SOURCE = "vllm:static:http://vllm:8000/metrics"
+
+
+def _vllm(reading: VllmReading | None = None, **fields: Any) -> EngineSample:
+    return EngineSample(
+        source=VLLM_SOURCE,
+        kind=EngineKind.VLLM,
+        endpoint="http://vllm:8000/metrics",
+        taken_at=99.0,
+        period_s=5.0,
+        reading=reading,
+        **fields,
+    )
+
+
+def test_engine_metrics_read_the_samplers_newest_scrape() -> None:
+    reading = VllmReading(
+        taken_at=99.0,
+        queue_depth=7.0,
+        ttft_p95_s=0.25,
+        reasons={"kv_cache_usage_percent": "vllm:kv_cache_usage_perc is missing from the payload"},
+    )
+    snap = _engine_snapshot(_vllm(reading))
+    queue = decide(parse_trigger({"profile": "vllm-queue-depth", **VLLM_SPEC}), snap, None, 100.0)
+    assert (queue.value, queue.active) == (7, True)
+    assert queue.explanation.startswith("vllm_queue_depth max of [http://vllm:8000/metrics=7]")
+    ttft = measure(parse_trigger({"metricType": "vllm_ttft_p95_ms", **VLLM_SPEC}), snap, 100.0)
+    assert ttft.value == 250  # seconds in the reading, milliseconds in the metric
+    with pytest.raises(NoData, match="vllm:kv_cache_usage_perc is missing from the payload"):
+        measure(parse_trigger({"metricType": "vllm_kv_cache_usage", **VLLM_SPEC}), snap, 100.0)
+
+
+def test_engine_failure_staleness_and_refusal() -> None:
+    spec = parse_trigger({"profile": "vllm-queue-depth", **VLLM_SPEC})
+    down = _engine_snapshot(_vllm(error="connection failed: connection refused"))
+    with pytest.raises(NoData, match=r"http://vllm:8000/metrics: connection failed"):
+        measure(spec, down, 100.0)
+    fresh = _engine_snapshot(_vllm(VllmReading(taken_at=99.0, queue_depth=1.0)))
+    assert measure(spec, fresh, 114.0).value == 1
+    with pytest.raises(NoData, match="stale"):
+        measure(spec, fresh, 114.1)
+    refused = _engine_snapshot(_vllm(error="vllm resolves to 169.254.169.254", refused=True))
+    with pytest.raises(InvalidTrigger, match='invalid vllmEndpoint "http://vllm:8000/metrics"'):
+        measure(spec, refused, 100.0)
 
 
 def test_activity_is_strictly_above_the_threshold() -> None:

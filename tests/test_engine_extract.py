@@ -6,6 +6,7 @@ import math
 
 import pytest
 
+from keda_gpu_scaler.domain.engines import EngineKind
 from keda_gpu_scaler.sources.engines.extract import (
     SELECTIONS,
     extract_sglang,
@@ -14,7 +15,6 @@ from keda_gpu_scaler.sources.engines.extract import (
     extract_vllm,
 )
 from keda_gpu_scaler.sources.engines.promtext import Exposition, parse_exposition
-from keda_gpu_scaler.sources.engines.readings import EngineKind
 from keda_gpu_scaler.sources.engines.window import (
     Absent,
     HistogramDelta,

@@ -11,6 +11,7 @@ import pytest
 from anyio.abc import SocketStream
 
 from keda_gpu_scaler.domain.endpoints import IpAddress
+from keda_gpu_scaler.domain.engines import EngineKind
 from keda_gpu_scaler.domain.errors import InvalidTrigger, NoData
 from keda_gpu_scaler.sources.engines.extract import SELECTIONS
 from keda_gpu_scaler.sources.engines.http import (
@@ -20,7 +21,6 @@ from keda_gpu_scaler.sources.engines.http import (
     new_engine_client,
     system_resolver,
 )
-from keda_gpu_scaler.sources.engines.readings import EngineKind
 from tests.engine_payloads import VLLM_V0, FakeEndpoint, FakeResolver, fixture
 
 VLLM = SELECTIONS[EngineKind.VLLM]

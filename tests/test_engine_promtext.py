@@ -7,6 +7,7 @@ import math
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from keda_gpu_scaler.domain.engines import EngineKind
 from keda_gpu_scaler.sources.engines.extract import SELECTIONS
 from keda_gpu_scaler.sources.engines.promtext import (
     ExpositionError,
@@ -15,7 +16,6 @@ from keda_gpu_scaler.sources.engines.promtext import (
     merge_expositions,
     parse_exposition,
 )
-from keda_gpu_scaler.sources.engines.readings import EngineKind
 from tests.engine_payloads import ALL_FIXTURES, fixture
 
 Row = tuple[str, tuple[tuple[str, str], ...], str, float | None]

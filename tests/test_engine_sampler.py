@@ -10,14 +10,15 @@ import httpx
 import pytest
 
 from keda_gpu_scaler.domain.endpoints import IpAddress
-from keda_gpu_scaler.sources.engines.http import EngineScraper, ScrapePolicy
-from keda_gpu_scaler.sources.engines.readings import (
+from keda_gpu_scaler.domain.engines import (
+    Discovery,
     EngineKind,
     EngineSample,
     TritonReading,
     VllmReading,
 )
-from keda_gpu_scaler.sources.engines.sampler import Discovery, EngineSampler
+from keda_gpu_scaler.sources.engines.http import EngineScraper, ScrapePolicy
+from keda_gpu_scaler.sources.engines.sampler import EngineSampler
 from tests.engine_payloads import FakeEndpoint, FakeResolver, triton_payload
 
 POD = "10.0.0.1"

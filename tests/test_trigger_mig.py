@@ -128,7 +128,14 @@ def test_the_ten_upstream_profiles_are_untouched() -> None:
     for name, (metric_type, target, activation) in upstream.items():
         p = PROFILES[name]
         assert (p.metric_type, p.target, p.activation) == (metric_type, target, activation)
-    assert set(PROFILES) == {*upstream, "gpu-busy"}
+    assert set(PROFILES) == {
+        *upstream,
+        "gpu-busy",
+        "triton-pending",
+        "tgi-queue",
+        "sglang-queue",
+        "vllm-ttft",
+    }
 
 
 def test_whole_gpu_metrics_are_marked_per_parent_and_gpm_metrics_say_what_they_need() -> None:

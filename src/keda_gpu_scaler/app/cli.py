@@ -6,6 +6,7 @@ Every flag can also be set from an environment variable, named in its help text.
 from __future__ import annotations
 
 import argparse
+import ipaddress
 import logging
 import os
 import signal
@@ -19,13 +20,16 @@ from typing import Any
 import anyio
 
 from keda_gpu_scaler import __version__
-from keda_gpu_scaler.app.compose import build_source, open_scaler
+from keda_gpu_scaler.app.compose import EngineOptions, build_source, open_scaler
 from keda_gpu_scaler.app.logs import LEVELS, configure_logging
 from keda_gpu_scaler.domain.errors import SourceUnavailable
 from keda_gpu_scaler.serving.server import DEFAULT_MAX_CONCURRENT_STREAMS
 from keda_gpu_scaler.serving.tls import ReloadingTlsContext, TlsConfig, TlsConfigError
+from keda_gpu_scaler.sources.engines.http import ScrapePolicy
 
 log = logging.getLogger("keda_gpu_scaler")
+
+IpNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
 
 ENV_PREFIX = "KEDA_GPU_SCALER_"
 EXIT_SOURCE_UNAVAILABLE = 2
@@ -57,6 +61,15 @@ def _log_level(text: str) -> str:
     if text not in LEVELS:
         raise argparse.ArgumentTypeError(f"must be one of {', '.join(LEVELS)}: {text!r}")
     return text
+
+
+def _networks(text: str) -> tuple[IpNetwork, ...] | None:
+    if not text.strip():
+        return None
+    try:
+        return tuple(ipaddress.ip_network(n.strip()) for n in text.split(",") if n.strip())
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"not a list of networks: {text!r} ({exc})") from None
 
 
 def _optional_path(text: str) -> Path | None:
@@ -117,6 +130,29 @@ SERVE_FLAGS = (
         str(DEFAULT_MAX_CONCURRENT_STREAMS),
         "HTTP/2 streams per connection",
         _stream_limit,
+    ),
+    Flag(
+        "--engine-interval",
+        "ENGINE_INTERVAL",
+        "5",
+        "seconds between scrapes of an engine "
+        "endpoint (one sampler per endpoint, shared by every trigger)",
+        _positive_float,
+    ),
+    Flag(
+        "--engine-idle-stop",
+        "ENGINE_IDLE_STOP",
+        "600",
+        "seconds without a reader after which an engine sampler stops",
+        _positive_float,
+    ),
+    Flag(
+        "--engine-allowed-networks",
+        "ENGINE_ALLOWED_NETWORKS",
+        "",
+        "comma-separated CIDRs that engine endpoints must resolve into (default: any address "
+        "but link-local and cloud metadata)",
+        _networks,
     ),
     Flag(
         "--tls-cert", "TLS_CERT", "", "server certificate chain (PEM); enables TLS", _optional_path
@@ -204,6 +240,11 @@ async def _serve(args: argparse.Namespace) -> None:
                 metrics_port=args.metrics_port or None,
                 probe_port=args.probe_port or None,
                 health_check_interval_s=args.health_check_interval,
+                engine_options=EngineOptions(
+                    interval_s=args.engine_interval,
+                    idle_stop_s=args.engine_idle_stop,
+                    policy=ScrapePolicy(allowed_networks=args.engine_allowed_networks),
+                ),
             ) as running,
             anyio.create_task_group() as tg,
         ):

@@ -5,18 +5,22 @@ from __future__ import annotations
 import logging
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from ssl import SSLContext
 from typing import Protocol
 
 import anyio
+import httpx
 from anyio.abc import TaskGroup, TaskStatus
 from anyio.streams.memory import MemoryObjectSendStream
 
+from keda_gpu_scaler.domain.engines import EngineTarget
 from keda_gpu_scaler.domain.errors import SourceUnavailable
 from keda_gpu_scaler.domain.samples import Sample
 from keda_gpu_scaler.pipeline.aggregator import Aggregator, SampleObserver
+from keda_gpu_scaler.pipeline.engines import EngineSubscriptions
 from keda_gpu_scaler.pipeline.hub import SnapshotHub
 from keda_gpu_scaler.pipeline.supervisor import supervise
 from keda_gpu_scaler.pipeline.tap import Tap
@@ -25,6 +29,14 @@ from keda_gpu_scaler.serving.observability import DecisionLog, SelfMetrics
 from keda_gpu_scaler.serving.probes import Readiness, grpc_health, metrics_routes, probe_routes
 from keda_gpu_scaler.serving.server import DEFAULT_MAX_CONCURRENT_STREAMS, ScalerServer
 from keda_gpu_scaler.serving.service import ExternalScalerService
+from keda_gpu_scaler.sources.engines.http import (
+    EngineScraper,
+    Resolver,
+    ScrapePolicy,
+    new_engine_client,
+    system_resolver,
+)
+from keda_gpu_scaler.sources.engines.sampler import DEFAULT_INTERVAL_S, EngineSampler
 from keda_gpu_scaler.sources.replay import ReplaySampler
 
 log = logging.getLogger(__name__)
@@ -60,6 +72,32 @@ def build_source(spec: str, *, interval_s: float = 1.0) -> Sampler:
 
 
 @dataclass(frozen=True, slots=True)
+class EngineOptions:
+    """How engine endpoints are scraped; ``resolve`` is injectable for tests."""
+
+    interval_s: float = DEFAULT_INTERVAL_S
+    idle_stop_s: float = 600.0
+    first_sample_timeout_s: float = 1.5
+    policy: ScrapePolicy = field(default_factory=ScrapePolicy)
+    resolve: Resolver = system_resolver
+    transport: httpx.AsyncBaseTransport | None = None
+    """Replaces the network (tests); None scrapes for real."""
+
+    def client(self) -> httpx.AsyncClient:
+        if self.transport is None:
+            return new_engine_client()
+        return httpx.AsyncClient(transport=self.transport, trust_env=False, follow_redirects=False)
+
+
+def _engine_sampler(
+    scraper: EngineScraper, interval_s: float, target: EngineTarget
+) -> EngineSampler:
+    return EngineSampler(
+        target.kind, target.url, scraper, discovery=target.discovery, interval_s=interval_s
+    )
+
+
+@dataclass(frozen=True, slots=True)
 class RunningScaler:
     port: int
     hub: SnapshotHub
@@ -68,6 +106,7 @@ class RunningScaler:
     source: Sampler
     tap: Tap
     metrics: SelfMetrics
+    engines: EngineSubscriptions
     metrics_port: int | None = None
     """Bound port of /metrics and /debug/tap; None when disabled."""
     probe_port: int | None = None
@@ -79,6 +118,8 @@ class RunningPipeline:
     hub: SnapshotHub
     aggregator: Aggregator
     source: Sampler
+    send: MemoryObjectSendStream[Sample]
+    """Open until the pipeline stops: clone it to add producers (engine samplers)."""
 
 
 @asynccontextmanager
@@ -89,11 +130,11 @@ async def open_pipeline(
     hub = hub or SnapshotHub()
     send, receive = anyio.create_memory_object_stream[Sample](SAMPLE_BUFFER)
     aggregator = Aggregator(receive, hub, observers=observers)
-    async with anyio.create_task_group() as tg:
+    async with anyio.create_task_group() as tg, send:
         await tg.start(aggregator.run)
-        tg.start_soon(_supervised, source, send)
+        tg.start_soon(_supervised, source, send.clone())
         try:
-            yield RunningPipeline(hub, aggregator, source)
+            yield RunningPipeline(hub, aggregator, source, send)
         finally:
             tg.cancel_scope.cancel()
 
@@ -109,20 +150,36 @@ async def open_scaler(
     metrics_port: int | None = None,
     probe_port: int | None = None,
     health_check_interval_s: float = 10.0,
+    engine_options: EngineOptions | None = None,
 ) -> AsyncIterator[RunningScaler]:
     """Start the pipeline, the gRPC server (with gRPC health) and the HTTP endpoints.
 
     ``metrics_port``/``probe_port``: None disables, 0 picks a free port, and one port may
     serve both. On exit, streams end with OK and everything stops.
     """
+    engine = engine_options or EngineOptions()
     hub = SnapshotHub()
     tap = Tap()
     decisions = DecisionLog(tap)
-    service = ExternalScalerService(hub, decisions=decisions)
     metrics = SelfMetrics(hub, decisions, open_streams=lambda: service.open_streams, tap=tap)
-    service.set_rpc_observer(metrics.observe_rpc)
     observers = [tap.publish_samples, metrics.observe_samples]
-    async with open_pipeline(source, hub=hub, observers=observers) as pipeline:
+    async with (
+        engine.client() as http_client,
+        open_pipeline(source, hub=hub, observers=observers) as pipeline,
+        anyio.create_task_group() as background,
+    ):
+        scraper = EngineScraper(http_client, policy=engine.policy, resolve=engine.resolve)
+        engines = EngineSubscriptions(
+            hub,
+            pipeline.send.clone(),
+            partial(_engine_sampler, scraper, engine.interval_s),
+            idle_stop_s=engine.idle_stop_s,
+            first_sample_timeout_s=engine.first_sample_timeout_s,
+        )
+        await background.start(engines.run)
+        service = ExternalScalerService(
+            hub, decisions=decisions, rpc_observer=metrics.observe_rpc, engines=engines
+        )
         readiness = Readiness(pipeline.hub)
         health = grpc_health(service, readiness, interval_s=health_check_interval_s)
         server = ScalerServer(
@@ -140,12 +197,21 @@ async def open_scaler(
                     probe_routes(readiness),
                 )
                 yield RunningScaler(
-                    bound, pipeline.hub, service, pipeline.aggregator, source, tap, metrics, *ports
+                    bound,
+                    pipeline.hub,
+                    service,
+                    pipeline.aggregator,
+                    source,
+                    tap,
+                    metrics,
+                    engines,
+                    *ports,
                 )
                 http.cancel_scope.cancel()
         finally:
             with anyio.CancelScope(shield=True):
                 await server.aclose()
+            background.cancel_scope.cancel()
 
 
 async def _start_http(

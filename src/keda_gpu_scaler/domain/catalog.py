@@ -6,6 +6,7 @@ import enum
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from keda_gpu_scaler.domain.engines import EngineKind
 from keda_gpu_scaler.domain.samples import GpuReading
 
 _MIB = 1 << 20
@@ -32,14 +33,29 @@ class MetricType(enum.StrEnum):
     SM_OCCUPANCY = "sm_occupancy"
     TENSOR_ACTIVE = "tensor_active"
     DRAM_BW_UTIL = "dram_bw_util"
+    VLLM_RUNNING_REQUESTS = "vllm_running_requests"
+    VLLM_QUEUE_TIME_MS = "vllm_queue_time_ms"
+    VLLM_TTFT_P95_MS = "vllm_ttft_p95_ms"
+    VLLM_PREEMPTION_RATE = "vllm_preemption_rate"
+    TRITON_PENDING_REQUESTS = "triton_pending_requests"
+    TGI_QUEUE_SIZE = "tgi_queue_size"
+    TGI_BATCH_SIZE = "tgi_batch_size"
+    SGLANG_QUEUE_REQUESTS = "sglang_queue_requests"
+    SGLANG_TOKEN_USAGE = "sglang_token_usage"
 
 
 class Origin(enum.StrEnum):
-    """Which kind of sampler produces a metric."""
+    """Which kind of sampler produces a metric; engine origins are named as EngineKind."""
 
     GPU = "gpu"
     VLLM = "vllm"
     TRITON = "triton"
+    TGI = "tgi"
+    SGLANG = "sglang"
+
+    @property
+    def engine(self) -> EngineKind | None:
+        return None if self is Origin.GPU else EngineKind(self.value)
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,6 +71,10 @@ class MetricInfo:
     """A whole-GPU reading that MIG instances carry copies of: count each GPU once."""
     needs: str | None = None
     """What a GPU must have for this metric, said when no GPU reports it."""
+    engine_field: str | None = None
+    """The engine reading field this metric serves (engine metrics only)."""
+    scale: float = 1.0
+    """Factor from the reading's unit to this metric's (seconds to ms, say)."""
 
 
 def _memory_used_mib(r: GpuReading) -> float | None:
@@ -91,6 +111,19 @@ def _gpu(
     needs: str | None = None,
 ) -> MetricInfo:
     return MetricInfo(type_, unit, Origin.GPU, source, description, read, per_parent, needs)
+
+
+def _engine(
+    type_: MetricType,
+    unit: str,
+    origin: Origin,
+    source: str,
+    description: str,
+    field: str,
+    *,
+    scale: float = 1.0,
+) -> MetricInfo:
+    return MetricInfo(type_, unit, origin, source, description, engine_field=field, scale=scale)
 
 
 CATALOG: dict[MetricType, MetricInfo] = {
@@ -172,33 +205,37 @@ CATALOG: dict[MetricType, MetricInfo] = {
             lambda r: r.nvlink_rx_mbps,
             per_parent=True,
         ),
-        MetricInfo(
+        _engine(
             MetricType.VLLM_QUEUE_DEPTH,
             "requests",
             Origin.VLLM,
             "vllm:num_requests_waiting",
-            "requests waiting in vLLM's scheduler",
+            "requests waiting, summed over engines and models",
+            "queue_depth",
         ),
-        MetricInfo(
+        _engine(
             MetricType.VLLM_KV_CACHE_USAGE,
             "percent",
             Origin.VLLM,
-            "vllm:kv_cache_usage_perc",
-            "KV cache blocks in use, hottest engine",
+            "vllm:kv_cache_usage_perc (vllm:gpu_cache_usage_perc before 0.9)",
+            "KV cache blocks in use, the hottest engine",
+            "kv_cache_usage_percent",
         ),
-        MetricInfo(
+        _engine(
             MetricType.TRITON_QUEUE_WAIT_MS,
             "ms",
             Origin.TRITON,
-            "nv_inference_queue_duration_us / nv_inference_request_success",
+            "Δnv_inference_queue_duration_us / Δnv_inference_request_success",
             "mean queue wait per request over the last scrape interval",
+            "queue_wait_ms",
         ),
-        MetricInfo(
+        _engine(
             MetricType.TRITON_REQUEST_RATE,
             "requests/s",
             Origin.TRITON,
-            "nv_inference_request_success + nv_inference_request_failure",
+            "Δ(nv_inference_request_success + nv_inference_request_failure) / Δt",
             "requests completed per second over the last scrape interval",
+            "request_rate",
         ),
         _gpu(
             MetricType.SM_ACTIVE,
@@ -231,6 +268,80 @@ CATALOG: dict[MetricType, MetricInfo] = {
             "DRAM bandwidth used as a share of the peak",
             lambda r: r.dram_bw_util,
             needs=_GPM,
+        ),
+        _engine(
+            MetricType.VLLM_RUNNING_REQUESTS,
+            "requests",
+            Origin.VLLM,
+            "vllm:num_requests_running",
+            "requests in the running batch, summed",
+            "running",
+        ),
+        _engine(
+            MetricType.VLLM_QUEUE_TIME_MS,
+            "ms",
+            Origin.VLLM,
+            "vllm:request_queue_time_seconds (histogram)",
+            "mean queue time of requests that finished in the last interval",
+            "queue_time_mean_s",
+            scale=1000.0,
+        ),
+        _engine(
+            MetricType.VLLM_TTFT_P95_MS,
+            "ms",
+            Origin.VLLM,
+            "vllm:time_to_first_token_seconds (histogram)",
+            "95th percentile time to first token over the last interval",
+            "ttft_p95_s",
+            scale=1000.0,
+        ),
+        _engine(
+            MetricType.VLLM_PREEMPTION_RATE,
+            "preemptions/s",
+            Origin.VLLM,
+            "vllm:num_preemptions_total",
+            "KV-pressure preemptions per second",
+            "preemptions_per_s",
+        ),
+        _engine(
+            MetricType.TRITON_PENDING_REQUESTS,
+            "requests",
+            Origin.TRITON,
+            "nv_inference_pending_request_count",
+            "requests received and not yet executing",
+            "pending_requests",
+        ),
+        _engine(
+            MetricType.TGI_QUEUE_SIZE,
+            "requests",
+            Origin.TGI,
+            "tgi_queue_size",
+            "requests waiting",
+            "queue_size",
+        ),
+        _engine(
+            MetricType.TGI_BATCH_SIZE,
+            "requests",
+            Origin.TGI,
+            "tgi_batch_current_size",
+            "requests in the running batch",
+            "batch_size",
+        ),
+        _engine(
+            MetricType.SGLANG_QUEUE_REQUESTS,
+            "requests",
+            Origin.SGLANG,
+            "sglang:num_queue_reqs",
+            "requests waiting, summed over data-parallel ranks",
+            "queue_requests",
+        ),
+        _engine(
+            MetricType.SGLANG_TOKEN_USAGE,
+            "percent",
+            Origin.SGLANG,
+            "sglang:token_usage",
+            "KV token pool in use, the highest rank",
+            "token_usage_percent",
         ),
     )
 }

@@ -29,6 +29,8 @@ class CooldownKey(msgspec.Struct, frozen=True):
     vllm_endpoint: str | None
     triton_endpoint: str | None
     mig_instance: str | None = None
+    engine: str | None = None
+    """The engine sampler read (kind, discovery, URL), for the engine metric types."""
 
 
 def cooldown_key(namespace: str, name: str, spec: TriggerSpec) -> CooldownKey:
@@ -42,6 +44,7 @@ def cooldown_key(namespace: str, name: str, spec: TriggerSpec) -> CooldownKey:
         spec.vllm_endpoint,
         spec.triton_endpoint,
         None if spec.mig_instance is None else str(spec.mig_instance),
+        None if (target := spec.engine_target) is None else target.source,
     )
 
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from keda_gpu_scaler.domain.aggregation import aggregate
-from keda_gpu_scaler.domain.catalog import CATALOG
+from keda_gpu_scaler.domain.catalog import CATALOG, MetricInfo
 from keda_gpu_scaler.domain.cooldown import CooldownEntry, CooldownOutcome, apply_cooldown
-from keda_gpu_scaler.domain.errors import NoData
+from keda_gpu_scaler.domain.errors import InvalidTrigger, NoData
 from keda_gpu_scaler.domain.snapshot import STALE_AFTER_PERIODS, DeviceState, Snapshot
 from keda_gpu_scaler.domain.trigger import MigSelector, TriggerSpec
 
@@ -119,10 +119,7 @@ def measure(spec: TriggerSpec, snapshot: Snapshot, now: float) -> Measurement:
     """The aggregated value of the trigger's metric; raises :class:`NoData` if there is none."""
     info = CATALOG[spec.metric_type]
     if info.read is None:
-        raise NoData(
-            f'metricType "{spec.metric_type}" reads the engine at {spec.endpoint}; '
-            "engine sampling is not available in this version"
-        )
+        return _measure_engine(spec, info, snapshot, now)
     selected = _select(spec, snapshot)
     for device in selected:
         _check_fresh(device, now)
@@ -144,6 +141,33 @@ def measure(spec: TriggerSpec, snapshot: Snapshot, now: float) -> Measurement:
     return Measurement(
         value, tuple(parts), tuple(d.index for d in unsupported), labels=tuple(labels)
     )
+
+
+def _measure_engine(
+    spec: TriggerSpec, info: MetricInfo, snapshot: Snapshot, now: float
+) -> Measurement:
+    """The value of an engine metric from its sampler's newest scrape."""
+    target = spec.engine_target
+    # parse_trigger guarantees both for an engine metric type.
+    assert target is not None
+    assert info.engine_field is not None
+    sample = snapshot.engines.get(target.source)
+    if sample is None:
+        raise NoData(f"no scrape of {target.url} yet")
+    if sample.refused:
+        key = f"{target.kind.value}Endpoint"
+        raise InvalidTrigger(key, target.url, sample.error or "refused")
+    age = now - sample.taken_at
+    if age > STALE_AFTER_PERIODS * sample.period_s:
+        raise NoData(f"{target.url}: the newest scrape is stale ({age:.1f} s old)")
+    if sample.reading is None:
+        raise NoData(f"{target.url}: {sample.error}")
+    value = sample.reading.value(info.engine_field)
+    if value is None:
+        why = sample.reading.why_absent(info.engine_field) or "not in the payload"
+        raise NoData(f"{spec.metric_type} from {target.url}: {why} (no value, not 0)")
+    value *= info.scale
+    return Measurement(value, ((-1, value),), labels=(target.url,))
 
 
 def _unsupported_message(spec: TriggerSpec, needs: str | None, devices: list[DeviceState]) -> str:

@@ -103,5 +103,33 @@ PROFILES: dict[str, Profile] = {
             60,
             "any GPU workload, GPM SM activity (Hopper and newer)",
         ),
+        # Demand signals from the engines: queues are counts, so they compose across
+        # replicas under AverageValue and can wake a deployment from zero when the endpoint
+        # stays up at zero replicas (a router or gateway in front of the engine pods).
+        _profile(
+            "triton-pending",
+            MetricType.TRITON_PENDING_REQUESTS,
+            5,
+            1,
+            30,
+            "Triton serving, requests waiting",
+        ),
+        _profile("tgi-queue", MetricType.TGI_QUEUE_SIZE, 5, 1, 30, "TGI serving, requests waiting"),
+        _profile(
+            "sglang-queue",
+            MetricType.SGLANG_QUEUE_REQUESTS,
+            5,
+            1,
+            30,
+            "SGLang serving, requests waiting",
+        ),
+        _profile(
+            "vllm-ttft",
+            MetricType.VLLM_TTFT_P95_MS,
+            2000,
+            0,
+            60,
+            "vLLM serving, 95th percentile time to first token",
+        ),
     )
 }

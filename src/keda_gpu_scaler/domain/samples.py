@@ -11,6 +11,8 @@ from typing import NewType
 
 import msgspec
 
+from keda_gpu_scaler.domain.engines import EngineSample
+
 DeviceKey = NewType("DeviceKey", str)
 """Stable identity of a GPU or MIG instance on this node (its NVML UUID, ``MIG-...`` for
 an instance, which is unique where the instance's ordinal is not)."""
@@ -80,7 +82,13 @@ class Batch(msgspec.Struct, frozen=True, kw_only=True, tag="batch"):
     """How long the cycle took to read, when the sampler measured it."""
 
 
-Sample = GpuReading | SourceFault | Batch
+class SourceStopped(msgspec.Struct, frozen=True, kw_only=True, tag="stopped"):
+    """A source was stopped on purpose (an engine nobody reads): forget its readings."""
+
+    source: str
+
+
+Sample = GpuReading | SourceFault | Batch | EngineSample | SourceStopped
 
 SAMPLE_ENCODER = msgspec.json.Encoder()
 SAMPLE_DECODER = msgspec.json.Decoder(Sample)

@@ -10,6 +10,7 @@ from types import MappingProxyType
 
 import msgspec
 
+from keda_gpu_scaler.domain.engines import EngineSample
 from keda_gpu_scaler.domain.samples import DeviceKey, GpuReading
 
 STALE_AFTER_PERIODS = 3
@@ -59,6 +60,10 @@ class Snapshot(msgspec.Struct, frozen=True, kw_only=True):
         default_factory=lambda: MappingProxyType({})
     )
     sources: Mapping[str, SourceState] = msgspec.field(default_factory=lambda: MappingProxyType({}))
+    engines: Mapping[str, EngineSample] = msgspec.field(
+        default_factory=lambda: MappingProxyType({})
+    )
+    """Newest sample of each engine sampler, by its source name (``EngineTarget.source``)."""
 
     def ordered_devices(self) -> list[DeviceState]:
         """Devices by NVML index, the order nvidia-smi shows."""

@@ -26,6 +26,7 @@ import msgspec
 from keda_gpu_scaler.domain.aggregation import Aggregation
 from keda_gpu_scaler.domain.catalog import CATALOG, MetricType, Origin
 from keda_gpu_scaler.domain.endpoints import endpoint_refusal
+from keda_gpu_scaler.domain.engines import Discovery, EngineTarget
 from keda_gpu_scaler.domain.errors import InvalidTrigger
 from keda_gpu_scaler.domain.profiles import PROFILES
 from keda_gpu_scaler.domain.samples import GpuReading
@@ -51,6 +52,9 @@ TRIGGER_KEYS: tuple[str, ...] = (
     "pollIntervalSeconds",
     "vllmEndpoint",
     "tritonEndpoint",
+    "tgiEndpoint",
+    "sglangEndpoint",
+    "endpointDiscovery",
     "cooldownSeconds",
 )
 KEDA_KEYS: tuple[str, ...] = ("scalerAddress", "enableTLS", "unsafeSsl")
@@ -81,6 +85,14 @@ TRIGGER_KEY_HELP: dict[str, tuple[str, str]] = {
     "pollIntervalSeconds": ("`10`", "StreamIsActive heartbeat period; an integer of at least 1"),
     "vllmEndpoint": ("none", "vLLM `/metrics` URL (http or https)"),
     "tritonEndpoint": ("none", "Triton `/metrics` URL (http or https)"),
+    "tgiEndpoint": ("none", "Text Generation Inference `/metrics` URL (http or https)"),
+    "sglangEndpoint": ("none", "SGLang `/metrics` URL (http or https)"),
+    "endpointDiscovery": (
+        "`static`",
+        "`static`: scrape the URL's host; `dns`: the host is a "
+        "headless Service, scrape every pod and combine (queues summed, "
+        "cache use the highest)",
+    ),
     "cooldownSeconds": ("`60`", "scale-down suppression window in seconds; `0` turns it off"),
 }
 """Default and meaning of every key, for the generated configuration reference."""
@@ -137,19 +149,34 @@ class TriggerSpec(msgspec.Struct, frozen=True, kw_only=True):
     poll_interval_s: int = DEFAULT_POLL_INTERVAL_S
     vllm_endpoint: str | None = None
     triton_endpoint: str | None = None
+    tgi_endpoint: str | None = None
+    sglang_endpoint: str | None = None
+    endpoint_discovery: Discovery = Discovery.STATIC
     cooldown_s: int = DEFAULT_COOLDOWN_S
     profile: str | None = None
     warnings: tuple[str, ...] = ()
 
+    def endpoint_for(self, origin: Origin) -> str | None:
+        return {
+            Origin.VLLM: self.vllm_endpoint,
+            Origin.TRITON: self.triton_endpoint,
+            Origin.TGI: self.tgi_endpoint,
+            Origin.SGLANG: self.sglang_endpoint,
+        }.get(origin)
+
     @property
     def endpoint(self) -> str | None:
         """The engine endpoint this trigger's metric type reads, if any."""
-        origin = CATALOG[self.metric_type].origin
-        if origin is Origin.VLLM:
-            return self.vllm_endpoint
-        if origin is Origin.TRITON:
-            return self.triton_endpoint
-        return None
+        return self.endpoint_for(CATALOG[self.metric_type].origin)
+
+    @property
+    def engine_target(self) -> EngineTarget | None:
+        """The engine sampler this trigger reads, or None for a GPU metric."""
+        kind = CATALOG[self.metric_type].origin.engine
+        url = self.endpoint
+        if kind is None or url is None:
+            return None
+        return EngineTarget(kind, url, self.endpoint_discovery)
 
 
 def _parse_float(key: str, raw: str) -> float:
@@ -265,7 +292,11 @@ def parse_trigger(metadata: Mapping[str, str]) -> TriggerSpec:
         spec,
         vllm_endpoint=_endpoint(metadata, "vllmEndpoint"),
         triton_endpoint=_endpoint(metadata, "tritonEndpoint"),
+        tgi_endpoint=_endpoint(metadata, "tgiEndpoint"),
+        sglang_endpoint=_endpoint(metadata, "sglangEndpoint"),
     )
+    if raw := _lookup(metadata, "endpointDiscovery"):
+        spec = replace(spec, endpoint_discovery=_parse_choice("endpointDiscovery", raw, Discovery))
     _check_endpoints(spec)
 
     if (raw := _lookup(metadata, "cooldownSeconds")) is not None:
@@ -302,9 +333,9 @@ def _parse_choice(key: str, raw: str, kind: type[_E]) -> _E:
 
 def _check_endpoints(spec: TriggerSpec) -> None:
     origin = CATALOG[spec.metric_type].origin
-    endpoints = (
-        ("vllmEndpoint", Origin.VLLM, spec.vllm_endpoint),
-        ("tritonEndpoint", Origin.TRITON, spec.triton_endpoint),
+    endpoints = tuple(
+        (f"{origin.value}Endpoint", origin, spec.endpoint_for(origin))
+        for origin in (Origin.VLLM, Origin.TRITON, Origin.TGI, Origin.SGLANG)
     )
     for key, needed_by, url in endpoints:
         if origin is needed_by and url is None:

@@ -7,25 +7,37 @@ from types import MappingProxyType
 
 import msgspec
 
-from keda_gpu_scaler.domain.samples import Batch, DeviceKey, GpuReading, Sample, SourceFault
+from keda_gpu_scaler.domain.engines import EngineSample
+from keda_gpu_scaler.domain.samples import (
+    Batch,
+    DeviceKey,
+    GpuReading,
+    Sample,
+    SourceFault,
+    SourceStopped,
+)
 from keda_gpu_scaler.domain.snapshot import DeviceState, Snapshot, SourceState
+
+Unbatched = EngineSample | SourceStopped
 
 
 def fold(snapshot: Snapshot, samples: Iterable[Sample], now: float) -> Snapshot:
     """The snapshot after ``samples``, one version later."""
     devices: dict[DeviceKey, DeviceState] = dict(snapshot.devices)
     sources: dict[str, SourceState] = dict(snapshot.sources)
+    engines: dict[str, EngineSample] = dict(snapshot.engines)
     for sample in flatten(samples):
+        if isinstance(sample, SourceStopped):
+            sources.pop(sample.source, None)
+            engines.pop(sample.source, None)
+            continue
         source = sources.get(sample.source) or SourceState(name=sample.source)
         if isinstance(sample, GpuReading):
             devices[sample.key] = DeviceState(key=sample.key, index=sample.index, reading=sample)
-            sources[sample.source] = msgspec.structs.replace(
-                source,
-                last_sample_at=sample.taken_at,
-                fault=None,
-                fault_at=None,
-                samples=source.samples + 1,
-            )
+            sources[sample.source] = _heard(source, sample.taken_at)
+        elif isinstance(sample, EngineSample):
+            engines[sample.source] = sample
+            sources[sample.source] = _heard(source, sample.taken_at, fault=sample.error)
         else:
             if sample.key is None:
                 source = msgspec.structs.replace(source, fault=sample.reason, fault_at=sample.at)
@@ -37,10 +49,22 @@ def fold(snapshot: Snapshot, samples: Iterable[Sample], now: float) -> Snapshot:
         published_at=now,
         devices=MappingProxyType(devices),
         sources=MappingProxyType(sources),
+        engines=MappingProxyType(engines),
     )
 
 
-def flatten(samples: Iterable[Sample]) -> Iterable[GpuReading | SourceFault]:
+def _heard(source: SourceState, at: float, *, fault: str | None = None) -> SourceState:
+    return msgspec.structs.replace(
+        source,
+        last_sample_at=at,
+        fault=fault,
+        fault_at=None if fault is None else at,
+        samples=source.samples + 1,
+        faults=source.faults + (fault is not None),
+    )
+
+
+def flatten(samples: Iterable[Sample]) -> Iterable[GpuReading | SourceFault | Unbatched]:
     for sample in samples:
         if isinstance(sample, Batch):
             yield from sample.samples

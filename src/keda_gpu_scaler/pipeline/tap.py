@@ -14,7 +14,8 @@ from dataclasses import dataclass
 import anyio
 import msgspec
 
-from keda_gpu_scaler.domain.samples import Batch, GpuReading, Sample, SourceFault
+from keda_gpu_scaler.domain.engines import EngineSample
+from keda_gpu_scaler.domain.samples import Batch, GpuReading, Sample, SourceFault, SourceStopped
 
 
 class TapDecision(msgspec.Struct, frozen=True, kw_only=True, tag="decision"):
@@ -31,7 +32,7 @@ class TapDecision(msgspec.Struct, frozen=True, kw_only=True, tag="decision"):
     error: str | None = None
 
 
-TapEvent = GpuReading | SourceFault | TapDecision
+TapEvent = GpuReading | SourceFault | EngineSample | TapDecision
 
 _ENCODER = msgspec.json.Encoder()
 
@@ -56,6 +57,8 @@ class TapFilter:
             return False
         if self.source is not None and event.source != self.source:
             return False
+        if isinstance(event, EngineSample):
+            return self.device is None
         return self.device is None or self.device in (str(event.index), event.key)
 
 
@@ -130,8 +133,11 @@ class Tap:
         if not self._subscribers:
             return
         for sample in samples:
-            for event in sample.samples if isinstance(sample, Batch) else (sample,):
-                self.publish(event)
+            if isinstance(sample, Batch):
+                for event in sample.samples:
+                    self.publish(event)
+            elif not isinstance(sample, SourceStopped):
+                self.publish(sample)
 
     def publish(self, event: TapEvent) -> None:
         if not self._subscribers:

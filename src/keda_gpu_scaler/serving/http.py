@@ -33,6 +33,7 @@ class Response:
     body: bytes = b""
     content_type: str = "text/plain; charset=utf-8"
     stream: AsyncGenerator[bytes, None] | None = None
+    headers: tuple[tuple[str, str], ...] = ()
 
 
 Route = Callable[[Request], Awaitable[Response]]
@@ -115,7 +116,11 @@ async def _next_event(conn: h11.Connection, stream: SocketStream) -> object:
 
 
 async def _send(conn: h11.Connection, stream: SocketStream, response: Response) -> None:
-    headers = [("content-type", response.content_type), ("cache-control", "no-store")]
+    headers = [
+        ("content-type", response.content_type),
+        ("cache-control", "no-store"),
+        *response.headers,
+    ]
     if response.stream is None:
         headers.append(("content-length", str(len(response.body))))
     await stream.send(conn.send(h11.Response(status_code=response.status, headers=headers)))

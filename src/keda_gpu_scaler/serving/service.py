@@ -20,6 +20,7 @@ from keda_gpu_scaler.domain.decision import Decision, decide
 from keda_gpu_scaler.domain.errors import NoData
 from keda_gpu_scaler.domain.snapshot import Snapshot
 from keda_gpu_scaler.domain.trigger import TriggerSpec, parse_trigger
+from keda_gpu_scaler.pipeline.engines import EngineSubscriptions
 from keda_gpu_scaler.pipeline.hub import SnapshotHub
 from keda_gpu_scaler.serving._proto.externalscaler import (
     ExternalScalerBase,
@@ -106,8 +107,10 @@ class ExternalScalerService(ExternalScalerBase):
         first_snapshot_timeout_s: float = 2.0,
         decisions: DecisionObserver | None = None,
         rpc_observer: RpcObserver | None = None,
+        engines: EngineSubscriptions | None = None,
     ) -> None:
         self._hub = hub
+        self._engines = engines
         self._decisions = decisions
         self._rpc_observer = rpc_observer
         self._cooldowns = cooldowns or CooldownBook()
@@ -160,14 +163,14 @@ class ExternalScalerService(ExternalScalerBase):
         if ref is None:
             ref = ScaledObjectRef()
         spec = parse_cached(ref.scaler_metadata)
-        decision = self._decide(ref, spec, await self._snapshot(), "GetMetrics")
+        decision = self._decide(ref, spec, await self._snapshot(spec), "GetMetrics")
         name = message.metric_name or spec.metric_name
         return GetMetricsResponse(metric_values=[metric_value(name, decision.value)])
 
     @unary("IsActive")
     async def is_active(self, message: ScaledObjectRef) -> IsActiveResponse:
         spec = parse_cached(message.scaler_metadata)
-        decision = self._decide(message, spec, await self._snapshot(), "IsActive")
+        decision = self._decide(message, spec, await self._snapshot(spec), "IsActive")
         return IsActiveResponse(result=decision.active)
 
     # -- streams ----------------------------------------------------------------------
@@ -192,7 +195,11 @@ class ExternalScalerService(ExternalScalerBase):
         last: bool | None = None
         sent_at = -math.inf
         failure: str | None = None
+        await self._snapshot(spec)
+        target = spec.engine_target
         while not self._closing:
+            if target is not None and self._engines is not None:
+                self._engines.touch(target)  # a stream keeps its engine sampler alive
             snapshot = self._hub.current
             now = anyio.current_time()
             try:
@@ -234,7 +241,14 @@ class ExternalScalerService(ExternalScalerBase):
 
     # -- helpers ----------------------------------------------------------------------
 
-    async def _snapshot(self) -> Snapshot:
+    async def _snapshot(self, spec: TriggerSpec) -> Snapshot:
+        """The newest snapshot; the one wait allowed is for a source's very first sample."""
+        target = spec.engine_target
+        if target is not None:
+            if self._engines is None:
+                raise NoData(f"engine sampling is not enabled on this server ({target.url})")
+            await self._engines.ensure(target)
+            return self._hub.current
         snapshot = self._hub.current
         if snapshot.version == 0:
             with anyio.move_on_after(self._first_snapshot_timeout_s):

@@ -143,5 +143,8 @@ class _Writer:
 def _unbatch(samples: list[Sample]) -> list[GpuReading | SourceFault]:
     out: list[GpuReading | SourceFault] = []
     for sample in samples:
-        out.extend(sample.samples if isinstance(sample, Batch) else (sample,))
+        if isinstance(sample, Batch):
+            out.extend(sample.samples)
+        elif isinstance(sample, GpuReading | SourceFault):
+            out.append(sample)
     return out

@@ -23,9 +23,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any, Protocol
 
-from keda_gpu_scaler.sources.engines import window as w
-from keda_gpu_scaler.sources.engines.promtext import Exposition, Selection
-from keda_gpu_scaler.sources.engines.readings import (
+from keda_gpu_scaler.domain.engines import (
     EngineKind,
     EngineReading,
     SglangReading,
@@ -33,6 +31,8 @@ from keda_gpu_scaler.sources.engines.readings import (
     TritonReading,
     VllmReading,
 )
+from keda_gpu_scaler.sources.engines import window as w
+from keda_gpu_scaler.sources.engines.promtext import Exposition, Selection
 from keda_gpu_scaler.sources.engines.window import Absent, Baseline, Window
 
 

@@ -16,7 +16,6 @@ may already have climbed past their old values, which no reset check could see.
 
 from __future__ import annotations
 
-import enum
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -24,27 +23,22 @@ import anyio
 from anyio.abc import TaskStatus
 from anyio.streams.memory import MemoryObjectSendStream
 
+from keda_gpu_scaler.domain.engines import (
+    Discovery,
+    EngineKind,
+    EngineReading,
+    EngineSample,
+    EngineTarget,
+    PodResult,
+)
 from keda_gpu_scaler.domain.errors import InvalidTrigger, NoData
 from keda_gpu_scaler.sources.engines.extract import SELECTIONS, extract
 from keda_gpu_scaler.sources.engines.http import EngineScraper, PodScrape, Scrape
 from keda_gpu_scaler.sources.engines.promtext import Exposition, merge_expositions
-from keda_gpu_scaler.sources.engines.readings import (
-    EngineKind,
-    EngineReading,
-    EngineSample,
-    PodResult,
-)
 from keda_gpu_scaler.sources.engines.window import Baseline
 
 ADDRESS_LABEL = "__address__"
 DEFAULT_INTERVAL_S = 5.0
-
-
-class Discovery(enum.StrEnum):
-    STATIC = "static"
-    """Scrape the URL's host (its first vetted address)."""
-    DNS = "dns"
-    """The host is a headless Service: scrape every pod it resolves to."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,7 +70,7 @@ class EngineSampler:
         self.url = url
         self.discovery = discovery
         self.interval_s = interval_s
-        self.name = name or f"{kind}:{discovery}:{url}"
+        self.name = name or EngineTarget(kind, url, discovery).source
         self._scraper = scraper
         self._selection = SELECTIONS[kind]
         self._baseline: Baseline | None = None
@@ -118,7 +112,9 @@ class EngineSampler:
         self._last_scrape_at = started
         try:
             sample = await self._cycle(started)
-        except (NoData, InvalidTrigger) as exc:
+        except InvalidTrigger as exc:
+            sample = self._failure(started, exc.reason, refused=True)
+        except NoData as exc:
             sample = self._failure(started, str(exc))
         self._last_scrape_s = anyio.current_time() - started
         return sample
@@ -154,12 +150,17 @@ class EngineSampler:
         return self._sample(started, reading=reading, error=note, pods=_results(pods, per_pod))
 
     def _failure(
-        self, started: float, reason: str, *, pods: tuple[PodResult, ...] = ()
+        self,
+        started: float,
+        reason: str,
+        *,
+        pods: tuple[PodResult, ...] = (),
+        refused: bool = False,
     ) -> EngineSample:
         self._errors += 1
         self._last_error = reason
         self._baseline = None
-        return self._sample(started, error=reason, pods=pods)
+        return self._sample(started, error=reason, pods=pods, refused=refused)
 
     def _sample(
         self,
@@ -168,14 +169,17 @@ class EngineSampler:
         reading: EngineReading | None = None,
         error: str | None = None,
         pods: tuple[PodResult, ...] = (),
+        refused: bool = False,
     ) -> EngineSample:
         return EngineSample(
             source=self.name,
             kind=self.kind,
             endpoint=self.url,
             taken_at=started,
+            period_s=self.interval_s,
             reading=reading,
             error=error,
+            refused=refused,
             pods=pods,
         )
 

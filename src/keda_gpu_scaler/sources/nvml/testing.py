@@ -48,7 +48,10 @@ def flatten(samples: Iterable[Sample]) -> list[GpuReading | SourceFault]:
     """The readings and faults inside the batches a sampler sent."""
     out: list[GpuReading | SourceFault] = []
     for sample in samples:
-        out.extend(sample.samples if isinstance(sample, Batch) else (sample,))
+        if isinstance(sample, Batch):
+            out.extend(sample.samples)
+        elif isinstance(sample, GpuReading | SourceFault):
+            out.append(sample)
     return out
 
 

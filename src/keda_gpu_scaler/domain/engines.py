@@ -1,6 +1,5 @@
-"""Typed engine readings and the sample an :class:`EngineSampler` publishes.
+"""Typed engine readings and the sample an engine sampler publishes.
 
-Plain msgspec Structs with no I/O imports, so they can move to the domain layer as they are.
 Every value is optional: ``None`` means "no reading" and ``reasons[field]`` says why (a
 family missing from the payload, the first scrape of a counter, no request finished in the
 window, ...). A missing value is never 0: a false 0 lets KEDA scale a busy workload in.
@@ -21,6 +20,26 @@ class EngineKind(enum.StrEnum):
     TRITON = "triton"
     TGI = "tgi"
     SGLANG = "sglang"
+
+
+class Discovery(enum.StrEnum):
+    STATIC = "static"
+    """Scrape the URL's host (its first vetted address)."""
+    DNS = "dns"
+    """The host is a headless Service: scrape every pod it resolves to and combine them."""
+
+
+class EngineTarget(msgspec.Struct, frozen=True):
+    """What one engine sampler scrapes; every trigger naming the same target shares it."""
+
+    kind: EngineKind
+    url: str
+    discovery: Discovery = Discovery.STATIC
+
+    @property
+    def source(self) -> str:
+        """The sampler's source name, also its key in the snapshot."""
+        return f"{self.kind}:{self.discovery}:{self.url}"
 
 
 class _Reading(msgspec.Struct, frozen=True, kw_only=True):
@@ -106,8 +125,14 @@ class EngineSample(msgspec.Struct, frozen=True, kw_only=True, tag="engine"):
     kind: EngineKind
     endpoint: str
     taken_at: float
+    period_s: float = 5.0
+    """The sampler's cadence: a sample older than three periods is stale."""
     reading: EngineReading | None = None
     error: str | None = None
+    refused: bool = False
+    """True when the endpoint is refused by policy (a link-local or metadata address after
+    DNS resolution, an address outside the allow-list): a configuration error, not an
+    outage."""
     pods: tuple[PodResult, ...] = ()
 
     def is_failure(self) -> bool:
