@@ -134,6 +134,8 @@ class SelfMetrics:
             buckets=_LATENCY_BUCKETS,
             registry=self.registry,
         )
+        self._rpc_children: dict[tuple[str, str], Counter] = {}
+        self._latency_children: dict[str, Histogram] = {}
         self.registry.register(_LiveCollector(self))
 
     def observe_samples(self, batch: list[Sample]) -> None:
@@ -151,9 +153,16 @@ class SelfMetrics:
                 self.cycles.labels(sample.source).inc()
 
     def observe_rpc(self, method: str, code: str, seconds: float | None) -> None:
-        self.rpc_requests.labels(method, code).inc()
+        # labels() takes a lock and builds a key each call; the children never change.
+        counter = self._rpc_children.get((method, code))
+        if counter is None:
+            counter = self._rpc_children[(method, code)] = self.rpc_requests.labels(method, code)
+        counter.inc()
         if seconds is not None:
-            self.rpc_seconds.labels(method).observe(seconds)
+            histogram = self._latency_children.get(method)
+            if histogram is None:
+                histogram = self._latency_children[method] = self.rpc_seconds.labels(method)
+            histogram.observe(seconds)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

@@ -1,0 +1,244 @@
+"""Server TLS and mutual TLS for the gRPC port, with certificate files reloaded in place.
+
+asyncio keeps the one ``SSLContext`` it was given for the listener's whole life, so rotation
+cannot replace it. Instead the listener gets an *outer* context whose ``sni_callback``, which
+OpenSSL runs early in every handshake (with or without SNI), moves the connection onto the
+*current* inner context: certificate, key, client-CA store and ALPN all come from there.
+Connections already open keep the context they were made with.
+
+Errors:
+
+    TlsConfigError   permanent at start-up: fix the file or the flag named in the message.
+                     During a reload it is logged and the previous context stays in use,
+                     since a rotation may be half-written and complete a moment later.
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+import re
+import ssl
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from ssl import PROTOCOL_TLS_CLIENT, PROTOCOL_TLS_SERVER, SSLContext, SSLObject, TLSVersion
+
+import anyio
+from anyio.abc import TaskStatus
+
+from keda_gpu_scaler.domain.errors import ScalerError
+
+log = logging.getLogger(__name__)
+
+__all__ = [
+    "ALPN_PROTOCOLS",
+    "ReloadingTlsContext",
+    "TlsConfig",
+    "TlsConfigError",
+    "TlsStatistics",
+    "build_server_context",
+]
+
+# KEDA >= 2.16 (grpc-go >= 1.67) refuses a TLS server that does not select "h2".
+ALPN_PROTOCOLS = ("h2",)
+
+# "[SSL] PEM lib (_ssl.c:3926)" → "PEM lib"
+_SSL_NOISE = re.compile(r"^\[\w+\] |:? ?\(_ssl\.c:\d+\)$")
+
+# How an OSError from reading a file reads in a message (errno → problem).
+_OS_PROBLEMS = {
+    errno.ENOENT: "not found",
+    errno.EACCES: "not readable (permission denied)",
+    errno.EISDIR: "is a directory, not a file",
+    errno.ENOTDIR: "a parent of it is not a directory",
+}
+
+
+class TlsConfigError(ScalerError):
+    """A TLS file that cannot be used; the one-line message names the file and the problem."""
+
+
+@dataclass(frozen=True, slots=True)
+class TlsConfig:
+    """PEM files for the gRPC port; ``client_ca_file`` turns on mutual TLS."""
+
+    cert_file: Path
+    key_file: Path
+    client_ca_file: Path | None = None
+
+    @property
+    def files(self) -> tuple[Path, ...]:
+        optional = () if self.client_ca_file is None else (self.client_ca_file,)
+        return (self.cert_file, self.key_file, *optional)
+
+
+@dataclass(frozen=True, slots=True)
+class TlsStatistics:
+    reloads: int
+    failed_reloads: int
+    last_error: str | None
+
+
+def build_server_context(config: TlsConfig) -> SSLContext:
+    """A server context for ``config``; raises :class:`TlsConfigError` naming the bad file."""
+    context = SSLContext(PROTOCOL_TLS_SERVER)
+    context.minimum_version = TLSVersion.TLSv1_2
+    context.set_alpn_protocols(list(ALPN_PROTOCOLS))
+    # A resumed session skips the certificate exchange; without tickets every new connection
+    # sees the current certificate and is checked against the current client CA.
+    context.options |= ssl.OP_NO_TICKET
+    context.num_tickets = 0
+    _load_chain(context, config.cert_file, config.key_file)
+    if config.client_ca_file is not None:
+        _load_client_ca(context, config.client_ca_file)
+    return context
+
+
+class ReloadingTlsContext:
+    """Give :attr:`context` to the listener once; :meth:`reload_if_changed` swaps the files."""
+
+    def __init__(self, config: TlsConfig) -> None:
+        self.config = config
+        # Stat before reading: a change during the first load is then seen by the next check.
+        self._signature = _signature(config)
+        self._outer = build_server_context(config)
+        self._current = self._outer
+        self._outer.sni_callback = self._use_current
+        self._reloads = 0
+        self._failed_reloads = 0
+        self._last_error: str | None = None
+
+    @property
+    def context(self) -> SSLContext:
+        """The context for ``ScalerServer.start(..., ssl=...)``; the same object for life."""
+        return self._outer
+
+    def reload_if_changed(self) -> bool:
+        """Rebuild from the files if their stat signature changed; True if new handshakes
+        now use new files. Invalid files are logged and the previous context kept."""
+        signature = _signature(self.config)
+        if signature == self._signature:
+            return False
+        # Recorded even on failure: a half-written rotation changes the files again when it
+        # completes, and retrying unchanged files would only repeat the same error.
+        self._signature = signature
+        try:
+            context = build_server_context(self.config)
+        except TlsConfigError as exc:
+            self._failed_reloads += 1
+            self._last_error = str(exc)
+            log.error("TLS reload failed, new connections keep the previous files: %s", exc)
+            return False
+        self._current = context
+        self._reloads += 1
+        self._last_error = None
+        log.info("TLS files reloaded: new connections use %s", self.config.cert_file)
+        return True
+
+    async def watch(
+        self,
+        *,
+        interval_s: float = 10.0,
+        task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED,
+    ) -> None:
+        """Check the files every ``interval_s`` seconds of anyio's clock, forever."""
+        task_status.started()
+        while True:
+            await anyio.sleep(interval_s)
+            # A few stats and small PEM files: cheaper inline than a worker thread.
+            self.reload_if_changed()
+
+    def statistics(self) -> TlsStatistics:
+        return TlsStatistics(self._reloads, self._failed_reloads, self._last_error)
+
+    def _use_current(
+        self, ssl_object: SSLObject, server_name: str | None, outer: SSLContext
+    ) -> None:
+        current = self._current
+        if current is not outer:
+            ssl_object.context = current
+
+
+_Signature = tuple[tuple[int, int, int, int] | None, ...]
+
+
+def _signature(config: TlsConfig) -> _Signature:
+    return tuple(_stat(path) for path in config.files)
+
+
+def _stat(path: Path) -> tuple[int, int, int, int] | None:
+    try:
+        # Follows symlinks: a Kubernetes Secret volume swaps its ..data link, and only the
+        # resolved files change inode.
+        st = path.stat()
+    except OSError:
+        return None  # missing now; the reload that follows reports it
+    return (st.st_dev, st.st_ino, st.st_mtime_ns, st.st_size)
+
+
+def _load_chain(context: SSLContext, cert_file: Path, key_file: Path) -> None:
+    _check_certificates(cert_file, "certificate")
+    _read(key_file, "private key")
+    try:
+        context.load_cert_chain(cert_file, key_file, password=_refuse_password(key_file))
+    except ssl.SSLError as exc:
+        if exc.reason == "KEY_VALUES_MISMATCH":
+            problem = f"does not match the certificate {cert_file}"
+        else:  # the chain was checked above, so what failed to load is the key
+            problem = f"no usable PEM private key in it ({_ssl_reason(exc)})"
+        raise TlsConfigError(f"TLS private key {key_file}: {problem}") from exc
+    except OSError as exc:  # replaced between the check and the load
+        raise _file_error(key_file, "private key", exc) from exc
+
+
+def _load_client_ca(context: SSLContext, ca_file: Path) -> None:
+    _check_certificates(ca_file, "client CA")
+    try:
+        context.load_verify_locations(cafile=ca_file)
+    except ssl.SSLError as exc:
+        raise TlsConfigError(f"TLS client CA {ca_file}: {_ssl_reason(exc)}") from exc
+    except OSError as exc:
+        raise _file_error(ca_file, "client CA", exc) from exc
+    context.verify_mode = ssl.CERT_REQUIRED
+
+
+def _check_certificates(path: Path, what: str) -> None:
+    """Parse the PEM certificates in ``path``, so that a bad file is named as such."""
+    pem = _read(path, what).decode("ascii", errors="replace")
+    try:
+        SSLContext(PROTOCOL_TLS_CLIENT).load_verify_locations(cadata=pem)
+    except ssl.SSLError as exc:
+        raise TlsConfigError(
+            f"TLS {what} {path}: no valid PEM certificate in it ({_ssl_reason(exc)})"
+        ) from exc
+
+
+def _read(path: Path, what: str) -> bytes:
+    try:
+        data = path.read_bytes()
+    except OSError as exc:
+        raise _file_error(path, what, exc) from exc
+    if not data.strip():
+        raise TlsConfigError(f"TLS {what} {path}: the file is empty")
+    return data
+
+
+def _file_error(path: Path, what: str, exc: OSError) -> TlsConfigError:
+    problem = _OS_PROBLEMS.get(exc.errno or 0) or f"cannot be read ({exc.strerror or exc})"
+    return TlsConfigError(f"TLS {what} {path}: {problem}")
+
+
+def _refuse_password(key_file: Path) -> Callable[[], str]:
+    # Without a callback OpenSSL would prompt on the terminal for an encrypted key.
+    def refuse() -> str:
+        raise TlsConfigError(f"TLS private key {key_file}: encrypted; give an unencrypted key")
+
+    return refuse
+
+
+def _ssl_reason(exc: ssl.SSLError) -> str:
+    """OpenSSL's reason in a few lower-case words, without CPython's source location."""
+    if exc.reason:
+        return str(exc.reason).replace("_", " ").lower()
+    return _SSL_NOISE.sub("", exc.strerror or str(exc)).lower()
