@@ -20,6 +20,7 @@ from typing import Any
 import anyio
 
 from keda_gpu_scaler import __version__
+from keda_gpu_scaler.app.argtypes import bounded_int, port, positive_float
 from keda_gpu_scaler.app.compose import EngineOptions, build_source, open_scaler
 from keda_gpu_scaler.app.logs import LEVELS, configure_logging
 from keda_gpu_scaler.domain.errors import SourceUnavailable
@@ -35,26 +36,8 @@ ENV_PREFIX = "KEDA_GPU_SCALER_"
 EXIT_SOURCE_UNAVAILABLE = 2
 
 
-def _positive_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
-    if not value > 0 or value == float("inf"):
-        raise argparse.ArgumentTypeError(f"must be a positive number: {text!r}")
-    return value
-
-
-def _port(text: str) -> int:
-    if not text.isdigit() or not 0 <= int(text) <= 65535:
-        raise argparse.ArgumentTypeError(f"not a TCP port (0-65535): {text!r}")
-    return int(text)
-
-
 def _stream_limit(text: str) -> int:
-    if not text.isdigit() or not 100 <= int(text) <= 2**31 - 1:
-        raise argparse.ArgumentTypeError(f"must be an integer of at least 100: {text!r}")
-    return int(text)
+    return bounded_int(text, low=100, high=2**31 - 1, meaning="must be an integer of at least 100")
 
 
 def _log_level(text: str) -> str:
@@ -104,25 +87,25 @@ class Flag:
 
 SERVE_FLAGS = (
     Flag("--host", "HOST", "0.0.0.0", "address to listen on"),
-    Flag("--port", "PORT", "6000", "gRPC port of the External Scaler; 0 picks a free one", _port),
+    Flag("--port", "PORT", "6000", "gRPC port of the External Scaler; 0 picks a free one", port),
     Flag("--source", "SOURCE", "nvml", "nvml, replay (the bundled H200 trace) or replay:PATH"),
-    Flag("--interval", "INTERVAL", "1.0", "NVML sampling period, seconds", _positive_float),
+    Flag("--interval", "INTERVAL", "1.0", "NVML sampling period, seconds", positive_float),
     Flag(
         "--metrics-port",
         "METRICS_PORT",
         "9090",
         "HTTP port of /metrics and /debug/tap; 0 disables",
-        _port,
+        port,
     ),
     Flag(
-        "--probe-port", "PROBE_PORT", "8081", "HTTP port of /healthz and /readyz; 0 disables", _port
+        "--probe-port", "PROBE_PORT", "8081", "HTTP port of /healthz and /readyz; 0 disables", port
     ),
     Flag(
         "--health-check-interval",
         "HEALTH_CHECK_INTERVAL",
         "10",
         "seconds a gRPC health answer is reused",
-        _positive_float,
+        positive_float,
     ),
     Flag(
         "--max-concurrent-streams",
@@ -137,14 +120,14 @@ SERVE_FLAGS = (
         "5",
         "seconds between scrapes of an engine "
         "endpoint (one sampler per endpoint, shared by every trigger)",
-        _positive_float,
+        positive_float,
     ),
     Flag(
         "--engine-idle-stop",
         "ENGINE_IDLE_STOP",
         "600",
         "seconds without a reader after which an engine sampler stops",
-        _positive_float,
+        positive_float,
     ),
     Flag(
         "--engine-allowed-networks",
@@ -172,7 +155,7 @@ SERVE_FLAGS = (
         "TLS_RELOAD_INTERVAL",
         "10",
         "seconds between checks of the TLS files for rotation",
-        _positive_float,
+        positive_float,
     ),
     Flag("--log-level", "LOG_LEVEL", "info", "log level: " + ", ".join(LEVELS), _log_level),
 )
@@ -212,13 +195,13 @@ def build_parser() -> argparse.ArgumentParser:
     demo = commands.add_parser("demo", help="replay a real H200 recording and query it like KEDA")
     demo.add_argument(
         "--duration",
-        type=_positive_float,
+        type=positive_float,
         default=60.0,
         help="seconds to run (default 60: one pass of the recording)",
     )
     demo.add_argument(
         "--every",
-        type=_positive_float,
+        type=positive_float,
         default=1.0,
         help="seconds between KEDA-style polls (default 1)",
     )

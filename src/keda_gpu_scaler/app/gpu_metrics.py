@@ -20,6 +20,7 @@ from typing import Any
 import anyio
 import msgspec
 
+from keda_gpu_scaler.app.argtypes import positive_float, positive_int
 from keda_gpu_scaler.app.compose import Sampler, build_source, open_pipeline
 from keda_gpu_scaler.app.scope import (
     DeviceFilter,
@@ -187,33 +188,20 @@ async def _run(plan: Plan, source: Sampler, printer: Printer) -> None:
         tg.cancel_scope.cancel()
 
 
-def _positive(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
-    if not 0 < value < float("inf"):
-        raise argparse.ArgumentTypeError(f"must be a positive number: {text!r}")
-    return value
-
-
-def _count(text: str) -> int:
-    if not text.isdigit() or int(text) < 1:
-        raise argparse.ArgumentTypeError(f"must be a positive integer: {text!r}")
-    return int(text)
-
-
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="gpu-metrics", description=__doc__.splitlines()[0])
     parser.add_argument("--format", choices=FORMATS, default="table")
     parser.add_argument(
         "--interval",
-        type=_positive,
+        type=positive_float,
         default=None,
         help="print every INTERVAL seconds until interrupted",
     )
     parser.add_argument(
-        "--count", type=_count, default=None, help="stop after COUNT samples (with --interval)"
+        "--count",
+        type=positive_int,
+        default=None,
+        help="stop after COUNT samples (with --interval)",
     )
     parser.add_argument(
         "--watch",

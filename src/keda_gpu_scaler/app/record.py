@@ -13,30 +13,21 @@ from pathlib import Path
 
 import anyio
 
+from keda_gpu_scaler.app.argtypes import positive_float
 from keda_gpu_scaler.domain.errors import SourceError
 from keda_gpu_scaler.sources.recorder import RecordingSummary, record_trace
 
 EXIT_FAILED = 2
 
 
-def _positive(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
-    if not 0 < value < float("inf"):
-        raise argparse.ArgumentTypeError(f"must be a positive number: {text!r}")
-    return value
-
-
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="gpu-metrics record", description=__doc__.splitlines()[0])
     parser.add_argument("--output", type=Path, required=True, help="trace file to write (JSONL)")
     parser.add_argument(
-        "--interval", type=_positive, default=1.0, help="seconds between readings (default 1)"
+        "--interval", type=positive_float, default=1.0, help="seconds between readings (default 1)"
     )
     parser.add_argument(
-        "--duration", type=_positive, default=60.0, help="seconds to record (default 60)"
+        "--duration", type=positive_float, default=60.0, help="seconds to record (default 60)"
     )
     parser.add_argument("--phase", default=None, help="label written into every frame")
     return parser

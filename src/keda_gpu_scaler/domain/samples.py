@@ -7,6 +7,7 @@ never zero.
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable, Iterator
 from typing import NewType
 
 import msgspec
@@ -99,3 +100,14 @@ def finite_or_none(value: float | None) -> float | None:
     if value is None or not math.isfinite(value):
         return None
     return value
+
+
+def unbatch(
+    samples: Iterable[Sample],
+) -> Iterator[GpuReading | SourceFault | EngineSample | SourceStopped]:
+    """Every sample, with each :class:`Batch` opened in place."""
+    for sample in samples:
+        if isinstance(sample, Batch):
+            yield from sample.samples
+        else:
+            yield sample

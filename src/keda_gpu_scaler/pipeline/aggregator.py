@@ -10,9 +10,9 @@ import anyio
 from anyio.abc import TaskStatus
 from anyio.streams.memory import MemoryObjectReceiveStream
 
-from keda_gpu_scaler.domain.samples import Sample, SourceFault
+from keda_gpu_scaler.domain.samples import Sample, SourceFault, unbatch
 from keda_gpu_scaler.pipeline.hub import SnapshotHub
-from keda_gpu_scaler.pipeline.state import flatten, fold
+from keda_gpu_scaler.pipeline.state import fold
 
 log = logging.getLogger(__name__)
 
@@ -81,7 +81,7 @@ class Aggregator:
         return batch
 
     def _count(self, batch: list[Sample], now: float) -> None:
-        for sample in flatten(batch):
+        for sample in unbatch(batch):
             if isinstance(sample, SourceFault):
                 self._faults += 1
             else:

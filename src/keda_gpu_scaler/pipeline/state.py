@@ -9,16 +9,14 @@ import msgspec
 
 from keda_gpu_scaler.domain.engines import EngineSample
 from keda_gpu_scaler.domain.samples import (
-    Batch,
     DeviceKey,
     GpuReading,
     Sample,
     SourceFault,
     SourceStopped,
+    unbatch,
 )
 from keda_gpu_scaler.domain.snapshot import DeviceState, Snapshot, SourceState
-
-Unbatched = EngineSample | SourceStopped
 
 
 def fold(snapshot: Snapshot, samples: Iterable[Sample], now: float) -> Snapshot:
@@ -26,7 +24,7 @@ def fold(snapshot: Snapshot, samples: Iterable[Sample], now: float) -> Snapshot:
     devices: dict[DeviceKey, DeviceState] = dict(snapshot.devices)
     sources: dict[str, SourceState] = dict(snapshot.sources)
     engines: dict[str, EngineSample] = dict(snapshot.engines)
-    for sample in flatten(samples):
+    for sample in unbatch(samples):
         if isinstance(sample, SourceStopped):
             sources.pop(sample.source, None)
             engines.pop(sample.source, None)
@@ -62,14 +60,6 @@ def _heard(source: SourceState, at: float, *, fault: str | None = None) -> Sourc
         samples=source.samples + 1,
         faults=source.faults + (fault is not None),
     )
-
-
-def flatten(samples: Iterable[Sample]) -> Iterable[GpuReading | SourceFault | Unbatched]:
-    for sample in samples:
-        if isinstance(sample, Batch):
-            yield from sample.samples
-        else:
-            yield sample
 
 
 def _mark_lost(device: DeviceState | None, fault: SourceFault) -> DeviceState:

@@ -53,39 +53,41 @@ class DecisionLog:
     def decided(
         self, trigger: str, spec: TriggerSpec, rpc: str, decision: Decision, now: float
     ) -> None:
-        self.last[(trigger, spec.metric_name)] = _LastDecision(
-            decision.value, spec.target, decision.active, now
-        )
-        if self._tap is not None and self._tap.listening:
-            self._tap.publish(
-                TapDecision(
-                    trigger=trigger,
-                    metric=spec.metric_name,
-                    metric_type=spec.metric_type.value,
-                    rpc=rpc,
-                    at=now,
-                    value=decision.value,
-                    target=spec.target,
-                    active=decision.active,
-                    why=decision.explanation,
-                )
-            )
+        self._record(trigger, spec, rpc, now, decision=decision)
 
     def failed(self, trigger: str, spec: TriggerSpec, rpc: str, reason: str, now: float) -> None:
-        self.last[(trigger, spec.metric_name)] = _LastDecision(None, spec.target, None, now)
-        if self._tap is not None and self._tap.listening:
-            self._tap.publish(
-                TapDecision(
-                    trigger=trigger,
-                    metric=spec.metric_name,
-                    metric_type=spec.metric_type.value,
-                    rpc=rpc,
-                    at=now,
-                    target=spec.target,
-                    why=reason,
-                    error=reason,
-                )
+        self._record(trigger, spec, rpc, now, error=reason)
+
+    def _record(
+        self,
+        trigger: str,
+        spec: TriggerSpec,
+        rpc: str,
+        now: float,
+        *,
+        decision: Decision | None = None,
+        error: str | None = None,
+    ) -> None:
+        value = None if decision is None else decision.value
+        active = None if decision is None else decision.active
+        self.last[(trigger, spec.metric_name)] = _LastDecision(value, spec.target, active, now)
+        if self._tap is None or not self._tap.listening:
+            return
+        why = decision.explanation if decision is not None else error or ""
+        self._tap.publish(
+            TapDecision(
+                trigger=trigger,
+                metric=spec.metric_name,
+                metric_type=spec.metric_type.value,
+                rpc=rpc,
+                at=now,
+                value=value,
+                target=spec.target,
+                active=active,
+                why=why,
+                error=error,
             )
+        )
 
 
 class SelfMetrics:

@@ -16,7 +16,7 @@ import anyio
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
 from keda_gpu_scaler.domain.errors import SourceFailure, SourceUnavailable
-from keda_gpu_scaler.domain.samples import Batch, GpuReading, Sample, SourceFault
+from keda_gpu_scaler.domain.samples import GpuReading, Sample, SourceFault, unbatch
 from keda_gpu_scaler.sources.nvml.backend import NvmlBackend
 from keda_gpu_scaler.sources.nvml.sampler import (
     DEFAULT_PCIE_INTERVAL_S,
@@ -141,10 +141,4 @@ class _Writer:
 
 
 def _unbatch(samples: list[Sample]) -> list[GpuReading | SourceFault]:
-    out: list[GpuReading | SourceFault] = []
-    for sample in samples:
-        if isinstance(sample, Batch):
-            out.extend(sample.samples)
-        elif isinstance(sample, GpuReading | SourceFault):
-            out.append(sample)
-    return out
+    return [s for s in unbatch(samples) if isinstance(s, GpuReading | SourceFault)]

@@ -14,7 +14,13 @@ from typing import TypeVar
 import anyio
 import msgspec
 
-from keda_gpu_scaler.domain.samples import Batch, DeviceKey, GpuReading, Sample, SourceFault
+from keda_gpu_scaler.domain.samples import (
+    DeviceKey,
+    GpuReading,
+    Sample,
+    SourceFault,
+    unbatch,
+)
 from keda_gpu_scaler.domain.snapshot import DeviceState, Snapshot
 from keda_gpu_scaler.sources.nvml.sampler import NvmlSampler
 
@@ -46,13 +52,7 @@ async def running(sampler: NvmlSampler) -> AsyncIterator[list[Sample]]:
 
 def flatten(samples: Iterable[Sample]) -> list[GpuReading | SourceFault]:
     """The readings and faults inside the batches a sampler sent."""
-    out: list[GpuReading | SourceFault] = []
-    for sample in samples:
-        if isinstance(sample, Batch):
-            out.extend(sample.samples)
-        elif isinstance(sample, GpuReading | SourceFault):
-            out.append(sample)
-    return out
+    return [s for s in unbatch(samples) if isinstance(s, GpuReading | SourceFault)]
 
 
 def readings(samples: Iterable[Sample], key: str | None = None) -> list[GpuReading]:
