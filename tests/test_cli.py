@@ -53,6 +53,14 @@ def test_the_flag_table_covers_every_serve_flag() -> None:
     }
 
 
+def test_kubernetes_service_link_variables_are_not_taken_for_flags(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # A Service named keda-gpu-scaler makes Kubernetes set this in every pod of the namespace.
+    monkeypatch.setenv("KEDA_GPU_SCALER_PORT", "tcp://10.96.0.17:6000")
+    assert build_parser().parse_args(["serve"]).port == 6000
+
+
 def test_flags_override_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("KEDA_GPU_SCALER_PORT", "7000")
     assert build_parser().parse_args(["serve", "--port", "7001"]).port == 7001

@@ -73,6 +73,15 @@ class Flag:
     def variable(self) -> str:
         return ENV_PREFIX + self.env
 
+    def environment_value(self) -> str:
+        value = os.environ.get(self.variable, self.default)
+        # Kubernetes gives every pod a variable per Service of its namespace; a Service
+        # named keda-gpu-scaler yields KEDA_GPU_SCALER_PORT=tcp://10.0.0.7:6000, which is
+        # not ours. Such a value is ignored rather than refused.
+        if value.startswith(("tcp://", "udp://", "sctp://")):
+            return self.default
+        return value
+
     def add_to(self, parser: argparse.ArgumentParser) -> None:
         shown = f"default {self.default}" if self.default else "unset by default"
         # A string default goes through `type` like a typed value, so a bad environment
@@ -80,7 +89,7 @@ class Flag:
         parser.add_argument(
             self.name,
             type=self.parse,
-            default=os.environ.get(self.variable, self.default),
+            default=self.environment_value(),
             help=f"{self.help} (env {self.variable}; {shown})",
         )
 

