@@ -47,6 +47,8 @@ def test_json_is_one_document_with_the_documented_keys() -> None:
     assert tuple(rows[0]) == FIELDS
     assert rows[0]["uuid"] == "GPU-4f60bdab-7290-5bab-ee63-d697ab1e6349"
     assert rows[0]["nvlink_tx_mbps"] is None  # unsupported on that H200: null, not 0
+    # GPM needs two samples (the recording's first frame has none): the second cycle is shown.
+    assert rows[0]["dram_bw_util"] is not None
 
 
 def test_jsonl_with_an_interval_is_one_object_per_line() -> None:

@@ -159,7 +159,10 @@ def _rows(snapshot: Snapshot, plan: Plan, now: float) -> list[dict[str, Any]]:
 async def _show(plan: Plan, source: Sampler, printer: Printer) -> None:
     async with open_pipeline(source) as pipeline:
         with anyio.fail_after(FIRST_READING_TIMEOUT_S):
-            snapshot = await pipeline.hub.wait_newer(0)
+            first = await pipeline.hub.wait_newer(0)
+            # GPM metrics are computed between two samples and PCIe is read beside the
+            # cycle: the first cycle lacks them, so show the second.
+            await pipeline.hub.wait_newer(first.version)
         shown = 0
         next_at = anyio.current_time()
         while True:
@@ -258,7 +261,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(msgspec.json.format(msgspec.json.encode(plan), indent=2).decode())
         return 0
     try:
-        source = build_source(plan.source)
+        source = build_source(plan.source, interval_s=min(plan.interval_s or 1.0, 1.0))
         printer = Printer(plan.format, watch=plan.watch, out=_write)
         anyio.run(_run, plan, source, printer, backend="asyncio")
     except SourceUnavailable as exc:
