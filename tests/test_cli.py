@@ -87,6 +87,30 @@ def _cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedP
         (("serve", "--max-concurrent-streams", "50"), {}, "at least 100"),
         (("serve", "--source", "replay:/nonexistent.jsonl"), {}, "cannot read replay trace"),
         (("serve", "--source", "sim"), {}, 'unknown source "sim"'),
+        (
+            ("serve", "--source", "replay", "--tls-cert", "/nonexistent/tls.crt"),
+            {},
+            "--tls-cert and --tls-key go together",
+        ),
+        (
+            ("serve", "--source", "replay", "--tls-client-ca", "/x/ca.crt"),
+            {},
+            "--tls-client-ca needs --tls-cert and --tls-key",
+        ),
+        (
+            (
+                "serve",
+                "--source",
+                "replay",
+                "--tls-cert",
+                "/nonexistent/tls.crt",
+                "--tls-key",
+                "/nonexistent/tls.key",
+            ),
+            {},
+            "/nonexistent/tls.crt",
+        ),
+        (("serve", "--engine-allowed-networks", "10.0.0.0/33"), {}, "not a list of networks"),
     ],
 )
 def test_bad_configuration_is_a_clear_error_and_exit_2(
