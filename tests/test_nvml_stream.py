@@ -1,0 +1,67 @@
+"""A GPU lost during a StreamIsActive subscription, with the NVML sampler over the fake
+backend: the stream keeps running and never reports the lost GPU as active or inactive."""
+
+from __future__ import annotations
+
+import anyio
+import pytest
+import trio.testing
+
+from keda_gpu_scaler.domain.samples import Sample
+from keda_gpu_scaler.pipeline.aggregator import Aggregator
+from keda_gpu_scaler.pipeline.hub import SnapshotHub
+from keda_gpu_scaler.serving._proto.externalscaler import ScaledObjectRef
+from keda_gpu_scaler.serving.service import ExternalScalerService
+from keda_gpu_scaler.sources.nvml import FakeNvml, NvmlSampler
+from keda_gpu_scaler.sources.nvml.backend import Utilization
+from keda_gpu_scaler.sources.nvml.testing import inline
+
+
+@pytest.mark.trio
+async def test_lost_gpu_during_a_stream(autojump_clock: trio.testing.MockClock) -> None:
+    nvml = FakeNvml.h200(2, clock=anyio.current_time, sleep=lambda _: None)
+    nvml.gpus[1].utilization = Utilization(gpu=90, memory=10)
+    sampler = NvmlSampler(nvml, interval_s=1.0, pcie_interval_s=None, call_in_thread=inline)
+    hub = SnapshotHub()
+    send, receive = anyio.create_memory_object_stream[Sample](64)
+    got: list[tuple[float, bool]] = []
+    ref = ScaledObjectRef(
+        name="so",
+        namespace="ns",
+        scaler_metadata={
+            "gpuIndex": "1",
+            "activationThreshold": "50",
+            "pollIntervalSeconds": "2",
+            "cooldownSeconds": "0",
+        },
+    )
+
+    async def stream(service: ExternalScalerService) -> None:
+        async for message in service.stream_is_active(ref):
+            got.append((anyio.current_time() - start, message.result))
+
+    async with anyio.create_task_group() as tg:
+        await tg.start(Aggregator(receive, hub).run)
+        await tg.start(sampler.run, send)
+        start = anyio.current_time()
+        tg.start_soon(stream, ExternalScalerService(hub))
+        await anyio.sleep_until(start + 2.5)
+        nvml.lose(1)  # from the cycle at 3: GpuIsLost on every call
+        await anyio.sleep_until(start + 9.5)
+        assert sampler.statistics().lost == (1,)
+        nvml.gpus[1].utilization = Utilization(gpu=10, memory=1)  # back, and idle
+        nvml.restore(1)
+        await anyio.sleep_until(start + 20.5)
+        tg.cancel_scope.cancel()
+    # Lost from 3 to 10 (the sampler retries at 4, 6 and 10): no message at all, not even the
+    # heartbeats due at 4, 6 and 8; back at 10, idle, and inactive from then on.
+    assert got == [
+        (0.0, True),
+        (2.0, True),
+        (10.0, False),
+        (12.0, False),
+        (14.0, False),
+        (16.0, False),
+        (18.0, False),
+        (20.0, False),
+    ]
