@@ -182,3 +182,41 @@ async def test_tap_streams_samples_and_decisions_with_filters(scaler: RunningSca
     assert event["why"].startswith("gpu_utilization max of [GPU 0=87, GPU 1=3] = 87")
     # Both readers left: their subscriptions are released without another event to send.
     await wait_until(lambda: scaler.tap.statistics()[0] == 0)
+
+
+async def test_cycle_duration_and_tap_series_move() -> None:
+    from keda_gpu_scaler.domain.samples import Batch
+    from keda_gpu_scaler.pipeline.hub import SnapshotHub
+    from keda_gpu_scaler.pipeline.tap import Tap, TapDecision
+    from keda_gpu_scaler.serving.observability import DecisionLog, SelfMetrics
+
+    tap = Tap(max_buffer=1)
+    metrics = SelfMetrics(SnapshotHub(), DecisionLog(tap), tap=tap)
+
+    def series(name: str, **labels: str) -> float | None:
+        samples: Samples = {}
+        for family in text_string_to_metric_families(metrics.render().decode()):
+            for s in family.samples:
+                samples[(s.name, tuple(sorted(s.labels.items())))] = s.value
+        return _value(samples, name, **labels)
+
+    assert series("keda_gpu_scaler_sampler_cycle_duration_seconds_count", source="nvml") is None
+    metrics.observe_samples([Batch(source="nvml", samples=(), cycle_s=0.0013)])
+    assert series("keda_gpu_scaler_sampler_cycle_duration_seconds_count", source="nvml") == 1
+    assert (
+        series("keda_gpu_scaler_sampler_cycle_duration_seconds_bucket", source="nvml", le="0.0025")
+        == 1
+    )
+    assert series("keda_gpu_scaler_tap_subscribers") == 0
+    subscription = tap.subscribe()
+    for _ in range(3):
+        tap.publish(
+            TapDecision(
+                trigger="ns/a", metric="m", metric_type="t", rpc="IsActive", at=0.0, why="w"
+            )
+        )
+    assert series("keda_gpu_scaler_tap_subscribers") == 1
+    assert series("keda_gpu_scaler_tap_dropped_events") == 2
+    subscription.close()
+    assert series("keda_gpu_scaler_tap_subscribers") == 0
+    assert series("keda_gpu_scaler_tap_dropped_events") == 2  # losses stay counted
