@@ -16,7 +16,6 @@ from keda_gpu_scaler.app import cli
 from keda_gpu_scaler.app.cli import build_parser
 from keda_gpu_scaler.app.compose import RunningScaler
 from keda_gpu_scaler.app.logs import JsonFormatter
-from keda_gpu_scaler.serving._proto.externalscaler import ScaledObjectRef
 
 SERVE_FLAGS = {
     "--host": ("HOST", "::1", "host", "::1"),
@@ -181,7 +180,3 @@ def test_tap_command_without_a_server_is_one_line_and_exit_1() -> None:
     assert result.returncode == 1
     assert result.stderr.startswith("keda-gpu-scaler tap: http://127.0.0.1:")
     assert len(result.stderr.strip().splitlines()) == 1
-
-
-def test_scaled_object_ref_is_importable_for_clients() -> None:
-    assert ScaledObjectRef(name="a").name == "a"

@@ -12,7 +12,7 @@ from trio.testing import MockClock
 
 from keda_gpu_scaler.domain.cooldown import CooldownBook, cooldown_key
 from keda_gpu_scaler.domain.decision import Decision, decide
-from keda_gpu_scaler.domain.errors import NoData, SourceFailure
+from keda_gpu_scaler.domain.errors import NoData
 from keda_gpu_scaler.domain.samples import Sample
 from keda_gpu_scaler.domain.trigger import parse_trigger
 from keda_gpu_scaler.pipeline.aggregator import Aggregator
@@ -191,7 +191,3 @@ async def test_aggregator_folds_one_cycle_into_one_snapshot(autojump_clock: Mock
 def test_backoff_grows_to_its_maximum() -> None:
     backoff = Backoff(initial_s=0.5, factor=2.0, maximum_s=3.0)
     assert [backoff.delay(n) for n in range(1, 6)] == [0.5, 1.0, 2.0, 3.0, 3.0]
-
-
-def test_source_failure_is_a_transient_error() -> None:
-    assert issubclass(SourceFailure, Exception)
