@@ -47,8 +47,12 @@ class _StreamLimitProtocol(H2Protocol):
     ) -> None:
         super().__init__(handler, config, h2_config)
         self._max_concurrent_streams = max_concurrent_streams
+        self.transport: BaseTransport | None = None
+        self.lost = asyncio.Event()
+        """Set once the connection is gone (TLS included: its close takes a round trip)."""
 
     def connection_made(self, transport: BaseTransport) -> None:
+        self.transport = transport
         sock = transport.get_extra_info("socket")
         if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
             # Without it every RPC waits ~40 ms for delayed ACKs.
@@ -74,6 +78,12 @@ class _StreamLimitProtocol(H2Protocol):
         self.connection.flush()
         self.connection.initialize()
         self.processor = EventsProcessor(self.handler, self.connection)
+
+    def connection_lost(self, exc: BaseException | None) -> None:
+        try:
+            super().connection_lost(exc)
+        finally:
+            self.lost.set()
 
     def goaway_and_close(self) -> None:
         connection = getattr(self, "connection", None)
@@ -158,7 +168,17 @@ class ScalerServer:
         self._server.close()  # stop listening; cancel whatever is still running
         if streams_were_open:
             await anyio.sleep(drain_s)
-        for protocol in list(self._server.protocols):
+        # Connections still in their TLS handshake never reached connection_made: nothing to
+        # wait for there.
+        connected = [p for p in self._server.protocols if p.transport is not None]
+        for protocol in connected:
             protocol.goaway_and_close()
         with anyio.move_on_after(grace_s):
             await self._server.wait_closed()
+            # Python 3.11's wait_closed returns before a TLS close has finished its round trip.
+            for protocol in connected:
+                await protocol.lost.wait()
+        for protocol in connected:
+            transport = protocol.transport
+            if not protocol.lost.is_set() and isinstance(transport, asyncio.WriteTransport):
+                transport.abort()
