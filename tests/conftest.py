@@ -11,9 +11,10 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from keda_gpu_scaler.app.compose import RunningScaler, open_scaler
+from keda_gpu_scaler.app.compose import RunningScaler
 from keda_gpu_scaler.sources.fake import FakeGpuSource
 from tests.grpcio_client import GrpcioModules, generate
+from tests.loopback import loopback_scaler
 
 
 @pytest.fixture
@@ -50,14 +51,7 @@ def fake_gpus() -> FakeGpuSource:
 @pytest.fixture
 async def scaler(fake_gpus: FakeGpuSource) -> AsyncIterator[RunningScaler]:
     """The real server on 127.0.0.1, an ephemeral port, fed by ``fake_gpus``."""
-    async with open_scaler(
-        fake_gpus,
-        host="127.0.0.1",
-        port=0,
-        metrics_port=0,
-        probe_port=0,
-        health_check_interval_s=0.001,
-    ) as running:
+    async with loopback_scaler(fake_gpus) as running:
         await running.hub.wait_newer(0)
         yield running
 

@@ -12,13 +12,14 @@ from grpclib.health.v1.health_grpc import HealthStub
 from grpclib.health.v1.health_pb2 import HealthCheckRequest, HealthCheckResponse
 from prometheus_client.parser import text_string_to_metric_families
 
-from keda_gpu_scaler.app.compose import RunningScaler, open_scaler
+from keda_gpu_scaler.app.compose import RunningScaler
 from keda_gpu_scaler.serving._proto.externalscaler import (
     ExternalScalerStub,
     GetMetricsRequest,
     ScaledObjectRef,
 )
 from keda_gpu_scaler.sources.fake import FakeGpuSource
+from tests.loopback import loopback_scaler
 from tests.waiting import wait_until
 
 pytestmark = pytest.mark.anyio
@@ -117,14 +118,7 @@ async def test_rpc_and_trigger_series_move_with_calls(scaler: RunningScaler) -> 
 
 async def test_probes_follow_readiness(fake_gpus: FakeGpuSource) -> None:
     fake_gpus.pause()
-    async with open_scaler(
-        fake_gpus,
-        host="127.0.0.1",
-        port=0,
-        metrics_port=0,
-        probe_port=0,
-        health_check_interval_s=0.001,
-    ) as scaler:
+    async with loopback_scaler(fake_gpus) as scaler:
         base = f"http://127.0.0.1:{scaler.probe_port}"
         async with httpx.AsyncClient() as client, Channel("127.0.0.1", scaler.port) as channel:
             health = HealthStub(channel)
@@ -151,9 +145,7 @@ async def test_same_port_serves_metrics_and_probes(fake_gpus: FakeGpuSource) -> 
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
     async with (
-        open_scaler(
-            fake_gpus, host="127.0.0.1", port=0, metrics_port=port, probe_port=port
-        ) as scaler,
+        loopback_scaler(fake_gpus, metrics_port=port, probe_port=port) as scaler,
         httpx.AsyncClient() as client,
     ):
         assert scaler.metrics_port == scaler.probe_port == port

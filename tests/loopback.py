@@ -1,0 +1,22 @@
+"""The real scaler on 127.0.0.1 with ephemeral ports, as edge tests start it."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+from keda_gpu_scaler.app.compose import RunningScaler, Sampler, open_scaler
+
+
+@asynccontextmanager
+async def loopback_scaler(source: Sampler, **options: Any) -> AsyncIterator[RunningScaler]:
+    """gRPC, metrics and probes on free loopback ports; ``options`` override the defaults."""
+    settings: dict[str, Any] = {
+        "metrics_port": 0,
+        "probe_port": 0,
+        "health_check_interval_s": 0.001,
+        **options,
+    }
+    async with open_scaler(source, host="127.0.0.1", port=0, **settings) as running:
+        yield running
