@@ -6,7 +6,8 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
 
-from keda_gpu_scaler.app.compose import RunningScaler, Sampler, open_scaler
+from keda_gpu_scaler.app.compose import RunningScaler, open_scaler
+from keda_gpu_scaler.pipeline.supervisor import Sampler
 
 
 @asynccontextmanager

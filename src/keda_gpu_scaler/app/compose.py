@@ -9,11 +9,10 @@ from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
 from ssl import SSLContext
-from typing import Protocol
 
 import anyio
 import httpx
-from anyio.abc import TaskGroup, TaskStatus
+from anyio.abc import TaskGroup
 from anyio.streams.memory import MemoryObjectSendStream
 
 from keda_gpu_scaler.domain.engines import EngineTarget
@@ -22,7 +21,7 @@ from keda_gpu_scaler.domain.samples import Sample
 from keda_gpu_scaler.pipeline.aggregator import Aggregator, SampleObserver
 from keda_gpu_scaler.pipeline.engines import EngineSubscriptions
 from keda_gpu_scaler.pipeline.hub import SnapshotHub
-from keda_gpu_scaler.pipeline.supervisor import supervise
+from keda_gpu_scaler.pipeline.supervisor import Sampler, supervise
 from keda_gpu_scaler.pipeline.tap import Tap
 from keda_gpu_scaler.serving.http import HttpServer, Route
 from keda_gpu_scaler.serving.observability import DecisionLog, SelfMetrics
@@ -42,17 +41,6 @@ from keda_gpu_scaler.sources.replay import ReplaySampler
 log = logging.getLogger(__name__)
 
 SAMPLE_BUFFER = 1024
-
-
-class Sampler(Protocol):
-    name: str
-
-    async def run(
-        self,
-        send: MemoryObjectSendStream[Sample],
-        *,
-        task_status: TaskStatus[None] = ...,
-    ) -> None: ...
 
 
 def build_source(spec: str, *, interval_s: float = 1.0) -> Sampler:

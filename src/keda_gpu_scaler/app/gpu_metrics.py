@@ -21,7 +21,7 @@ import anyio
 import msgspec
 
 from keda_gpu_scaler.app.argtypes import positive_float, positive_int
-from keda_gpu_scaler.app.compose import Sampler, build_source, open_pipeline
+from keda_gpu_scaler.app.compose import build_source, open_pipeline
 from keda_gpu_scaler.app.scope import (
     DeviceFilter,
     Environment,
@@ -33,6 +33,7 @@ from keda_gpu_scaler.app.scope import (
 from keda_gpu_scaler.domain.catalog import CATALOG, Origin
 from keda_gpu_scaler.domain.errors import SourceUnavailable
 from keda_gpu_scaler.domain.snapshot import DeviceState, Snapshot
+from keda_gpu_scaler.pipeline.supervisor import Sampler
 
 FORMATS = ("table", "json", "csv", "jsonl")
 GPU_METRICS = tuple(info for info in CATALOG.values() if info.origin is Origin.GPU)

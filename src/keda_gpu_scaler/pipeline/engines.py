@@ -13,7 +13,6 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Protocol
 
 import anyio
 from anyio.abc import TaskGroup, TaskStatus
@@ -22,20 +21,12 @@ from anyio.streams.memory import MemoryObjectSendStream
 from keda_gpu_scaler.domain.engines import EngineTarget
 from keda_gpu_scaler.domain.samples import Sample, SourceStopped
 from keda_gpu_scaler.pipeline.hub import SnapshotHub
-from keda_gpu_scaler.pipeline.supervisor import Backoff, supervise
+from keda_gpu_scaler.pipeline.supervisor import Backoff, Sampler, supervise
 
 log = logging.getLogger(__name__)
 
 
-class EngineSamplerLike(Protocol):
-    name: str
-
-    async def run(
-        self, send: MemoryObjectSendStream[Sample], *, task_status: TaskStatus[None] = ...
-    ) -> None: ...
-
-
-EngineSamplerFactory = Callable[[EngineTarget], EngineSamplerLike]
+EngineSamplerFactory = Callable[[EngineTarget], Sampler]
 
 
 @dataclass(frozen=True, slots=True)
@@ -106,7 +97,7 @@ class EngineSubscriptions:
         log.info("engine sampler started", extra={"source": target.source})
         self._tg.start_soon(self._supervised, sampler, scope)
 
-    async def _supervised(self, sampler: EngineSamplerLike, scope: anyio.CancelScope) -> None:
+    async def _supervised(self, sampler: Sampler, scope: anyio.CancelScope) -> None:
         with scope:
             await supervise(
                 sampler.name, sampler.run, send=self._send.clone(), backoff=self._backoff

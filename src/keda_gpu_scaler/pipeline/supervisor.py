@@ -9,13 +9,29 @@ from __future__ import annotations
 import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from typing import Protocol
 
 import anyio
+from anyio.abc import TaskStatus
 from anyio.streams.memory import MemoryObjectSendStream
 
 from keda_gpu_scaler.domain.samples import Sample, SourceFault
 
 log = logging.getLogger(__name__)
+
+
+class Sampler(Protocol):
+    """A source actor: ``run`` publishes samples on ``send`` (its own clone) until cancelled,
+    calling ``task_status.started()`` once it is ready. Supervised by :func:`supervise`."""
+
+    name: str
+
+    async def run(
+        self,
+        send: MemoryObjectSendStream[Sample],
+        *,
+        task_status: TaskStatus[None] = ...,
+    ) -> None: ...
 
 
 @dataclass(frozen=True, slots=True)
