@@ -26,7 +26,7 @@ import trio
 import trio.testing
 
 from keda_gpu_scaler.domain.samples import Sample
-from keda_gpu_scaler.sources.nvml.fake_backend import FakeNvml
+from keda_gpu_scaler.sources.nvml.fake_backend import FakeNvlink, FakeNvml
 from keda_gpu_scaler.sources.nvml.sampler import NvmlSampler
 
 GPUS = 8
@@ -37,7 +37,7 @@ RESULTS = Path(__file__).parent / "results" / "sampler_overhead.json"
 async def _run(hz: float, cycles: int) -> dict[str, Any]:
     nvml = FakeNvml.h200(GPUS)
     for gpu in nvml.gpus:  # NVLink counters present, so rates are computed too
-        gpu.nvlink_tx_kib, gpu.nvlink_rx_kib = 0, 0
+        gpu.nvlinks = [FakeNvlink() for _ in range(18)]
     sampler = NvmlSampler(nvml, interval_s=1.0 / hz)
     send, receive = anyio.create_memory_object_stream[Sample](64)
     cpu_start = time.process_time()

@@ -41,7 +41,7 @@ import anyio
 from keda_gpu_scaler.domain.errors import ScalerError, SourceUnavailable
 from keda_gpu_scaler.domain.samples import Batch, GpuReading, Sample, SourceFault
 from keda_gpu_scaler.sources.nvml.backend import Handle, NvmlBackend
-from keda_gpu_scaler.sources.nvml.convert import NVLINK_FIELDS
+from keda_gpu_scaler.sources.nvml.convert import NVLINK_ALL_LINKS, NVLINK_LINK_COUNT
 from keda_gpu_scaler.sources.nvml.errors import NvmlError
 from keda_gpu_scaler.sources.nvml.pynvml_backend import open_nvml_backend
 from keda_gpu_scaler.sources.nvml.sampler import NvmlSampler
@@ -109,8 +109,14 @@ def _facts(backend: NvmlBackend, h: Handle) -> list[tuple[str, Callable[[], obje
         ("memory v2", lambda: backend.memory_v2(h)),
         ("fan %", lambda: backend.fan_speed_percent(h)),
         (
-            "NVLink field codes",
-            lambda: [f.return_code for f in backend.field_values(h, NVLINK_FIELDS)],
+            "NVLink all-links field codes and scopes",
+            lambda: [
+                (f.return_code, f.scope_id) for f in backend.field_values(h, NVLINK_ALL_LINKS)
+            ],
+        ),
+        (
+            "NVLink link count (code, value)",
+            lambda: [(f.return_code, f.value) for f in backend.field_values(h, NVLINK_LINK_COUNT)],
         ),
     ]
 

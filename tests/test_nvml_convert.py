@@ -98,6 +98,19 @@ def test_nvlink_rate_falls_back_to_the_sampler_clock_without_timestamps() -> Non
     assert nvlink_rates(before, after) == (2.0, 1.0)
 
 
+def test_nvlink_counters_sum_the_links_and_a_failed_link_makes_the_direction_absent() -> None:
+    tx, rx, failed = FI_NVLINK_THROUGHPUT_DATA_TX, FI_NVLINK_THROUGHPUT_DATA_RX, 3
+    fields = [
+        FieldValue(tx, 0, 1_000, 5_000_000, scope_id=0),
+        FieldValue(rx, 0, 10, 5_000_000, scope_id=0),
+        FieldValue(tx, 0, 2_000, 5_000_000, scope_id=1),
+        FieldValue(rx, failed, 0, 5_000_000, scope_id=1),
+    ]
+    counters = nvlink_counters(fields, fallback_at_s=0.0)
+    # A sum missing a link would be a wrong number: absent instead.
+    assert (counters.tx_kib, counters.rx_kib, counters.at_s) == (3_000, None, 5.0)
+
+
 def test_nvlink_rate_of_one_failed_direction_keeps_the_other() -> None:
     fields = [
         FieldValue(FI_NVLINK_THROUGHPUT_DATA_TX, 0, 2048, 2_000_000),

@@ -10,8 +10,11 @@ from typing import Any
 import pytest
 
 from keda_gpu_scaler.sources.nvml.backend import (
+    FI_NVLINK_LINK_COUNT,
     FI_NVLINK_THROUGHPUT_DATA_RX,
     FI_NVLINK_THROUGHPUT_DATA_TX,
+    SCOPE_ALL_LINKS,
+    FieldRequest,
     GpmMetric,
     PcieDirection,
 )
@@ -24,6 +27,7 @@ from keda_gpu_scaler.sources.nvml.errors import (
 )
 from keda_gpu_scaler.sources.nvml.fake_backend import (
     FakeGpu,
+    FakeNvlink,
     FakeNvml,
     enable_mig,
     mig_instances,
@@ -76,12 +80,33 @@ def test_h200_errors_match_the_probe(probe_error: str, call: Any) -> None:
 
 def test_h200_nvlink_fields_succeed_with_a_per_field_not_supported() -> None:
     nvml = FakeNvml.h200()
-    ids = [FI_NVLINK_THROUGHPUT_DATA_TX, FI_NVLINK_THROUGHPUT_DATA_RX]
-    values = nvml.field_values(nvml.device_handle(0), ids)
+    ids = [FI_NVLINK_THROUGHPUT_DATA_TX, FI_NVLINK_THROUGHPUT_DATA_RX, FI_NVLINK_LINK_COUNT]
+    values = nvml.field_values(nvml.device_handle(0), [FieldRequest(i) for i in ids])
     probe = {f["fieldId"]: f for f in STATIC["fieldvalues"]}
     assert [(v.field_id, v.return_code, v.value) for v in values] == [
         (i, probe[i]["nvmlReturn"], probe[i]["ull"]) for i in ids
     ]
+
+
+def test_nvlink_throughput_is_per_link_and_the_all_links_scope_sums_them() -> None:
+    gpu = FakeGpu(uuid="GPU-x", nvlinks=[FakeNvlink(100, 7), FakeNvlink(20, 8), FakeNvlink(3, 9)])
+    nvml = FakeNvml([gpu])
+    h = nvml.device_handle(0)
+    tx = FI_NVLINK_THROUGHPUT_DATA_TX
+    requests = [FieldRequest(tx), FieldRequest(tx, 2), FieldRequest(tx, SCOPE_ALL_LINKS)]
+    values = nvml.field_values(h, [*requests, FieldRequest(FI_NVLINK_LINK_COUNT)])
+    # A bare field id is scope 0: link 0 alone, as nvml.h and nvidia-ml-py have it.
+    assert [(v.scope_id, v.return_code, v.value) for v in values] == [
+        (0, 0, 100),
+        (2, 0, 3),
+        (SCOPE_ALL_LINKS, 0, 123),
+        (0, 0, 3),
+    ]
+    (past_the_end,) = nvml.field_values(h, [FieldRequest(tx, 3)])
+    assert past_the_end.return_code == NvmlCode.INVALID_ARGUMENT
+    gpu.nvlink_all_links_code = NvmlCode.INVALID_ARGUMENT  # an older driver
+    (refused,) = nvml.field_values(h, [FieldRequest(tx, SCOPE_ALL_LINKS)])
+    assert (refused.return_code, refused.value) == (NvmlCode.INVALID_ARGUMENT, 0)
 
 
 def test_h200_gpm_gives_nan_dram_bandwidth_between_two_samples() -> None:

@@ -13,7 +13,7 @@ from keda_gpu_scaler.domain.errors import NoData, SourceFailure
 from keda_gpu_scaler.domain.samples import Sample
 from keda_gpu_scaler.domain.trigger import parse_trigger
 from keda_gpu_scaler.sources.nvml.errors import NvmlCode
-from keda_gpu_scaler.sources.nvml.fake_backend import H200_UUID, FakeNvml
+from keda_gpu_scaler.sources.nvml.fake_backend import H200_UUID, FakeNvlink, FakeNvml
 from keda_gpu_scaler.sources.nvml.sampler import NvmlSampler
 from keda_gpu_scaler.sources.nvml.testing import faults, inline, readings, running, snapshot_of
 
@@ -92,16 +92,50 @@ async def test_nvlink_is_a_rate_from_counters_in_the_right_direction(
 ) -> None:
     nvml = FakeNvml.h200(clock=anyio.current_time)
     gpu = nvml.gpus[0]
-    gpu.nvlink_tx_kib, gpu.nvlink_rx_kib = 10_000, 20_000
+    (link,) = gpu.nvlinks = [FakeNvlink(10_000, 20_000)]
     start = anyio.current_time()
     async with running(_sampler(nvml)) as received:
         await anyio.sleep_until(start + 0.5)
-        gpu.nvlink_tx_kib += 500 * 1024  # this GPU sent 500 MiB
-        gpu.nvlink_rx_kib += 100 * 1024
+        link.tx_kib = 10_000 + 500 * 1024  # this GPU sent 500 MiB
+        link.rx_kib = 20_000 + 100 * 1024
         await anyio.sleep_until(start + 1.5)
     got = readings(received)
     assert (got[0].nvlink_tx_mbps, got[0].nvlink_rx_mbps) == (None, None)
     assert (got[1].nvlink_tx_mbps, got[1].nvlink_rx_mbps) == (500.0, 100.0)
+
+
+async def _nvlink_rates_over_18_links(nvml: FakeNvml) -> list[tuple[float | None, ...]]:
+    """Link ``i`` of the GPU sends ``i + 1`` MiB and receives 1 MiB in the second cycle."""
+    links = nvml.gpus[0].nvlinks = [FakeNvlink(0, 0) for _ in range(18)]
+    start = anyio.current_time()
+    async with running(_sampler(nvml)) as received:
+        await anyio.sleep_until(start + 0.5)
+        for i, link in enumerate(links):
+            link.tx_kib, link.rx_kib = (i + 1) * 1024, 1024
+        await anyio.sleep_until(start + 1.5)
+    return [(r.nvlink_tx_mbps, r.nvlink_rx_mbps) for r in readings(received)]
+
+
+@pytest.mark.trio
+async def test_nvlink_is_the_sum_of_all_links_not_link_0(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    nvml = FakeNvml.h200(clock=anyio.current_time)
+    assert await _nvlink_rates_over_18_links(nvml) == [(None, None), (171.0, 18.0)]
+    assert nvml.calls["field_values"] == 2  # the driver sums: one call per cycle
+
+
+@pytest.mark.trio
+@pytest.mark.parametrize("refusal", ["per field", "whole call"])
+async def test_nvlink_is_summed_link_by_link_where_the_driver_refuses_the_all_links_scope(
+    autojump_clock: trio.testing.MockClock, refusal: str
+) -> None:
+    nvml = FakeNvml.h200(clock=anyio.current_time)
+    if refusal == "per field":
+        nvml.gpus[0].nvlink_all_links_code = NvmlCode.INVALID_ARGUMENT
+    else:
+        nvml.fail("field_values", NvmlCode.NOT_SUPPORTED, times=1)
+    assert await _nvlink_rates_over_18_links(nvml) == [(None, None), (171.0, 18.0)]
 
 
 @pytest.mark.trio

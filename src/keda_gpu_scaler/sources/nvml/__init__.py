@@ -5,7 +5,12 @@ The real backend lives in :mod:`.pynvml_backend`, the only module that imports p
 """
 
 from keda_gpu_scaler.sources.nvml.backend import NvmlBackend
-from keda_gpu_scaler.sources.nvml.fake_backend import FakeGpu, FakeMigInstance, FakeNvml
+from keda_gpu_scaler.sources.nvml.fake_backend import (
+    FakeGpu,
+    FakeMigInstance,
+    FakeNvlink,
+    FakeNvml,
+)
 from keda_gpu_scaler.sources.nvml.sampler import (
     DEFAULT_INTERVAL_S,
     DEFAULT_PCIE_INTERVAL_S,
@@ -19,6 +24,7 @@ __all__ = [
     "CallInThread",
     "FakeGpu",
     "FakeMigInstance",
+    "FakeNvlink",
     "FakeNvml",
     "NvmlBackend",
     "NvmlSampler",

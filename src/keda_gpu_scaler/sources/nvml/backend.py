@@ -11,7 +11,7 @@ from __future__ import annotations
 import enum
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import NamedTuple, Protocol
 
 Handle = object
 """A device or MIG device handle, opaque to everything but its backend."""
@@ -19,9 +19,21 @@ Handle = object
 GpmSample = object
 """A GPM sample buffer, opaque to everything but its backend."""
 
-# NVML field ids (nvml.h). NVLink throughput counters are cumulative KiB over all links.
+# NVML field ids (nvml.h). NVLink throughput counters are cumulative KiB of ONE link, the one
+# named by the request's scope id; the scope SCOPE_ALL_LINKS asks for the sum over all links.
+FI_NVLINK_LINK_COUNT = 91
 FI_NVLINK_THROUGHPUT_DATA_TX = 138
 FI_NVLINK_THROUGHPUT_DATA_RX = 139
+SCOPE_ALL_LINKS = 0xFFFFFFFF
+"""``UINT_MAX`` as a scope id: NVLink throughput summed over every link (nvml.h)."""
+
+
+class FieldRequest(NamedTuple):
+    """One ``nvmlFieldValue_t`` to fill: the field and its scope (the NVLink link for
+    per-link fields). A scope of 0 is link 0, not "the GPU"."""
+
+    field_id: int
+    scope_id: int = 0
 
 
 class GpmMetric(enum.IntEnum):
@@ -73,6 +85,7 @@ class FieldValue:
     return_code: int
     value: int
     timestamp_us: int
+    scope_id: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -100,7 +113,10 @@ class NvmlBackend(Protocol):
     def sm_clock_mhz(self, handle: Handle) -> int: ...
     def fan_speed_percent(self, handle: Handle) -> int: ...
     def pcie_throughput_kbs(self, handle: Handle, direction: PcieDirection) -> int: ...
-    def field_values(self, handle: Handle, field_ids: Sequence[int]) -> list[FieldValue]: ...
+    def field_values(self, handle: Handle, fields: Sequence[FieldRequest]) -> list[FieldValue]:
+        """One value per request, in order; each carries its own return code."""
+        ...
+
     def mig_mode(self, handle: Handle) -> tuple[int, int]:
         """(current, pending); 1 is enabled."""
         ...

@@ -11,8 +11,11 @@ from dataclasses import dataclass
 
 from keda_gpu_scaler.domain.samples import finite_or_none
 from keda_gpu_scaler.sources.nvml.backend import (
+    FI_NVLINK_LINK_COUNT,
     FI_NVLINK_THROUGHPUT_DATA_RX,
     FI_NVLINK_THROUGHPUT_DATA_TX,
+    SCOPE_ALL_LINKS,
+    FieldRequest,
     FieldValue,
     GpmMetric,
     GpmMetricValue,
@@ -22,6 +25,9 @@ from keda_gpu_scaler.sources.nvml.backend import (
 from keda_gpu_scaler.sources.nvml.errors import NVML_SUCCESS
 
 NVLINK_FIELDS = (FI_NVLINK_THROUGHPUT_DATA_TX, FI_NVLINK_THROUGHPUT_DATA_RX)
+NVLINK_ALL_LINKS = tuple(FieldRequest(f, SCOPE_ALL_LINKS) for f in NVLINK_FIELDS)
+"""Both directions summed over every link by the driver (the scope ``UINT_MAX``)."""
+NVLINK_LINK_COUNT = (FieldRequest(FI_NVLINK_LINK_COUNT),)
 GPM_METRICS = (
     GpmMetric.SM_UTIL,
     GpmMetric.SM_OCCUPANCY,
@@ -62,13 +68,34 @@ class NvlinkCounters:
     """The driver's timestamp of the fields, or the sampler's clock if it gave none."""
 
 
+def nvlink_per_link(links: int) -> tuple[FieldRequest, ...]:
+    """Both directions of links ``0 .. links - 1``, for a driver that refuses the aggregate."""
+    return tuple(FieldRequest(f, link) for link in range(links) for f in NVLINK_FIELDS)
+
+
+def all_succeeded(values: Sequence[FieldValue]) -> bool:
+    return bool(values) and all(v.return_code == NVML_SUCCESS for v in values)
+
+
+def link_count(values: Sequence[FieldValue] | None) -> int:
+    """The NVLink link count field's value; 0 when the driver could not give it."""
+    if values is None or not all_succeeded(values):
+        return 0
+    return max(0, values[0].value)
+
+
 def nvlink_counters(values: Sequence[FieldValue], fallback_at_s: float) -> NvlinkCounters:
-    """Check each field's own return code: the call succeeds even when a field does not."""
-    by_id = {v.field_id: v for v in values}
+    """Each direction summed over the scopes read (one aggregate, or every link).
+
+    Each field's own return code is checked (the call succeeds even when a field does not),
+    and a direction with any failed scope is absent: a sum missing a link is a wrong number.
+    """
 
     def counter(field_id: int) -> int | None:
-        v = by_id.get(field_id)
-        return v.value if v is not None and v.return_code == NVML_SUCCESS else None
+        of_field = [v for v in values if v.field_id == field_id]
+        if not of_field or any(v.return_code != NVML_SUCCESS for v in of_field):
+            return None
+        return sum(v.value for v in of_field)
 
     stamps = [v.timestamp_us for v in values if v.return_code == NVML_SUCCESS]
     at_s = max(stamps) / 1e6 if stamps and min(stamps) > 0 else fallback_at_s

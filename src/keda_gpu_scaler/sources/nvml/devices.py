@@ -15,14 +15,18 @@ from typing import ParamSpec, TypeVar
 from keda_gpu_scaler.sources.nvml.backend import GpmSample, Handle, NvmlBackend, PcieDirection
 from keda_gpu_scaler.sources.nvml.convert import (
     GPM_METRICS,
-    NVLINK_FIELDS,
+    NVLINK_ALL_LINKS,
+    NVLINK_LINK_COUNT,
     GpmReadings,
     Memory,
     NvlinkCounters,
+    all_succeeded,
     gpm_readings,
+    link_count,
     memory_from_v1,
     memory_from_v2,
     nvlink_counters,
+    nvlink_per_link,
     nvlink_rates,
 )
 from keda_gpu_scaler.sources.nvml.errors import NvmlAbsent, NvmlError
@@ -96,6 +100,8 @@ class GpuDevice:
     memory_v2: bool | None = None
     """Whether memory info v2 works here (None: not tried yet); v1 is the fallback."""
     nvlink: NvlinkCounters | None = None
+    nvlink_links: int | None = None
+    """Set once the driver refused the all-links scope: NVLink is then summed link by link."""
 
     def release(self) -> None:
         for gpm in [self.gpm, *(i.gpm for i in self.instances)]:
@@ -174,10 +180,25 @@ def read_pcie(backend: NvmlBackend, handle: Handle) -> tuple[int | None, int | N
 def read_nvlink(
     backend: NvmlBackend, gpu: GpuDevice, now: float
 ) -> tuple[float | None, float | None]:
-    values = maybe(backend.field_values, gpu.handle, NVLINK_FIELDS)
-    if values is None:
+    """(TX, RX) MB/s of the whole GPU: every link, never link 0 alone."""
+    counters = _nvlink_counters(backend, gpu, now)
+    if counters is None:
         return None, None
-    counters = nvlink_counters(values, now)
     rates = nvlink_rates(gpu.nvlink, counters)
     gpu.nvlink = counters
     return rates
+
+
+def _nvlink_counters(backend: NvmlBackend, gpu: GpuDevice, now: float) -> NvlinkCounters | None:
+    if gpu.nvlink_links is None:
+        values = maybe(backend.field_values, gpu.handle, NVLINK_ALL_LINKS)
+        if values is not None and all_succeeded(values):
+            return nvlink_counters(values, now)
+        # Refused, whatever the error: sum the links, if the driver says how many there are
+        # (the H200 without NVLink says NotSupported; it is asked again next cycle).
+        links = link_count(maybe(backend.field_values, gpu.handle, NVLINK_LINK_COUNT))
+        if links == 0:
+            return None
+        gpu.nvlink_links = links
+    values = maybe(backend.field_values, gpu.handle, nvlink_per_link(gpu.nvlink_links))
+    return None if values is None else nvlink_counters(values, now)

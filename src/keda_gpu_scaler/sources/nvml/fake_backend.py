@@ -2,11 +2,14 @@
 
 What it reproduces from ``tests/fixtures/nvml-h200`` (a real capture): NVLink throughput
 fields that come back from a successful call with a per-field NotSupported and a value of
-0; GPM DRAM bandwidth that is sometimes NaN; memory info v1 ``used`` = v2 ``used`` +
-``reserved``; ``nvmlDeviceGetMigDeviceHandleByIndex`` raising NotFound with MIG disabled;
-fan speed NotSupported. On top of that: MIG layouts, several GPUs, lost GPUs, injected
-error codes and slow calls (the delay goes through an injectable ``sleep`` so tests can
-advance a fake clock instead of sleeping).
+0 (the link count field too); GPM DRAM bandwidth that is sometimes NaN; memory info v1
+``used`` = v2 ``used`` + ``reserved``; ``nvmlDeviceGetMigDeviceHandleByIndex`` raising
+NotFound with MIG disabled; fan speed NotSupported. NVLink throughput is per link, as in
+nvml.h: a request's scope id names the link (0 is link 0, not the GPU) and
+``SCOPE_ALL_LINKS`` asks for the sum over all links, which an older driver may refuse per
+field. On top of that: MIG layouts, several GPUs, lost GPUs, injected error codes and slow
+calls (the delay goes through an injectable ``sleep`` so tests can advance a fake clock
+instead of sleeping).
 """
 
 from __future__ import annotations
@@ -18,8 +21,11 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from keda_gpu_scaler.sources.nvml.backend import (
+    FI_NVLINK_LINK_COUNT,
     FI_NVLINK_THROUGHPUT_DATA_RX,
     FI_NVLINK_THROUGHPUT_DATA_TX,
+    SCOPE_ALL_LINKS,
+    FieldRequest,
     FieldValue,
     GpmMetric,
     GpmMetricValue,
@@ -59,6 +65,14 @@ class FakeMigInstance:
 
 
 @dataclass
+class FakeNvlink:
+    """One NVLink's cumulative KiB counters; None: that field answers NotSupported."""
+
+    tx_kib: int | None = 0
+    rx_kib: int | None = 0
+
+
+@dataclass
 class FakeGpu:
     """One physical GPU; ``None`` readings raise NotSupported, like the H200's fan."""
 
@@ -77,9 +91,10 @@ class FakeGpu:
     fan_percent: int | None = None
     pcie_tx_kbs: int | None = 1315
     pcie_rx_kbs: int | None = 423
-    nvlink_tx_kib: int | None = None
-    """Cumulative NVLink TX counter; None: the field's own return code is NotSupported."""
-    nvlink_rx_kib: int | None = None
+    nvlinks: list[FakeNvlink] = field(default_factory=list)
+    """Empty: no NVLink (the H200 captured), every NVLink field answers NotSupported."""
+    nvlink_all_links_code: int = 0
+    """Per-field return code for the ``SCOPE_ALL_LINKS`` scope; an older driver refuses it."""
     gpm_supported: bool = True
     gpm: dict[int, float] = field(default_factory=lambda: dict(H200_IDLE_GPM))
     mig_enabled: bool = False
@@ -293,18 +308,13 @@ class FakeNvml:
         value = gpu.pcie_tx_kbs if direction is PcieDirection.TX else gpu.pcie_rx_kbs
         return self._value("pcie_throughput_kbs", value)
 
-    def field_values(self, handle: Handle, field_ids: Sequence[int]) -> list[FieldValue]:
+    def field_values(self, handle: Handle, fields: Sequence[FieldRequest]) -> list[FieldValue]:
         gpu = self._gpu("field_values", handle)
-        counters = {
-            FI_NVLINK_THROUGHPUT_DATA_TX: gpu.nvlink_tx_kib,
-            FI_NVLINK_THROUGHPUT_DATA_RX: gpu.nvlink_rx_kib,
-        }
         stamp = int(self._clock() * 1e6)
         out = []
-        for field_id in field_ids:
-            value = counters.get(field_id)
-            code = NvmlCode.NOT_SUPPORTED if value is None else 0
-            out.append(FieldValue(field_id, int(code), value or 0, stamp))
+        for request in fields:
+            code, value = _field(gpu, request)
+            out.append(FieldValue(request.field_id, int(code), value, stamp, request.scope_id))
         return out
 
     def mig_mode(self, handle: Handle) -> tuple[int, int]:
@@ -391,3 +401,23 @@ class FakeNvml:
             code = NvmlCode.NOT_SUPPORTED if value is None else 0
             out.append(GpmMetricValue(metric_id, int(code), 0.0 if value is None else value))
         return out
+
+
+def _field(gpu: FakeGpu, request: FieldRequest) -> tuple[int, int]:
+    """(return code, value) of one field, as NVML fills one ``nvmlFieldValue_t``."""
+    if request.field_id == FI_NVLINK_LINK_COUNT:
+        return (0, len(gpu.nvlinks)) if gpu.nvlinks else (NvmlCode.NOT_SUPPORTED, 0)
+    if request.field_id not in (FI_NVLINK_THROUGHPUT_DATA_TX, FI_NVLINK_THROUGHPUT_DATA_RX):
+        return NvmlCode.NOT_SUPPORTED, 0
+    tx = request.field_id == FI_NVLINK_THROUGHPUT_DATA_TX
+    counters = [link.tx_kib if tx else link.rx_kib for link in gpu.nvlinks]
+    if request.scope_id == SCOPE_ALL_LINKS:
+        if not counters or None in counters:
+            return NvmlCode.NOT_SUPPORTED, 0
+        if gpu.nvlink_all_links_code:
+            return gpu.nvlink_all_links_code, 0
+        return 0, sum(c for c in counters if c is not None)
+    if request.scope_id >= len(counters):
+        return (NvmlCode.NOT_SUPPORTED if not counters else NvmlCode.INVALID_ARGUMENT), 0
+    counter = counters[request.scope_id]
+    return (NvmlCode.NOT_SUPPORTED, 0) if counter is None else (0, counter)

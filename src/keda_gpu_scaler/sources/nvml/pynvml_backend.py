@@ -14,6 +14,7 @@ import pynvml
 
 from keda_gpu_scaler.domain.errors import SourceUnavailable
 from keda_gpu_scaler.sources.nvml.backend import (
+    FieldRequest,
     FieldValue,
     GpmMetricValue,
     GpmSample,
@@ -132,9 +133,12 @@ class PynvmlBackend:
         fn = pynvml.nvmlDeviceGetPcieThroughput
         return int(_call("nvmlDeviceGetPcieThroughput", fn, handle, int(direction)))
 
-    def field_values(self, handle: Handle, field_ids: Sequence[int]) -> list[FieldValue]:
+    def field_values(self, handle: Handle, fields: Sequence[FieldRequest]) -> list[FieldValue]:
         fn = pynvml.nvmlDeviceGetFieldValues
-        raw = _call("nvmlDeviceGetFieldValues", fn, handle, list(field_ids))
+        # nvidia-ml-py sets scopeId only from a (fieldId, scopeId) tuple; a bare id leaves
+        # it 0, which for NVLink throughput is link 0 alone.
+        requests = [(f.field_id, f.scope_id) for f in fields]
+        raw = _call("nvmlDeviceGetFieldValues", fn, handle, requests)
         return [_field_value(v) for v in raw]
 
     def mig_mode(self, handle: Handle) -> tuple[int, int]:
@@ -199,4 +203,5 @@ def _field_value(raw: Any) -> FieldValue:
         return_code=int(raw.nvmlReturn),
         value=int(getattr(raw.value, member)),
         timestamp_us=int(raw.timestamp),
+        scope_id=int(raw.scopeId),
     )
