@@ -1,7 +1,13 @@
-"""ReplaySampler: plays a recorded trace in (virtual or real) time, looped by default."""
+"""ReplaySampler: plays a recorded trace in (virtual or real) time, looped by default.
+
+The frames of one recorded instant (one ``t``: every GPU of one cycle of the recording) are
+published together as one :class:`Batch`, as the NVML sampler publishes a cycle, so a reader
+never sees a node with part of its GPUs.
+"""
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
@@ -11,7 +17,7 @@ from anyio.abc import TaskStatus
 from anyio.streams.memory import MemoryObjectSendStream
 
 from keda_gpu_scaler.domain.errors import SourceUnavailable
-from keda_gpu_scaler.domain.samples import Sample
+from keda_gpu_scaler.domain.samples import Batch, Sample
 from keda_gpu_scaler.sources.trace import (
     Identity,
     TraceFrame,
@@ -33,7 +39,7 @@ class ReplayStatistics:
 
 
 class ReplaySampler:
-    """Publishes each frame at its recorded offset; the time base is anyio's clock."""
+    """Publishes each recorded cycle at its offset; the time base is anyio's clock."""
 
     def __init__(
         self,
@@ -44,11 +50,12 @@ class ReplaySampler:
         identity: Identity | None = None,
     ) -> None:
         self.name = name
-        self._frames = sorted(frames, key=lambda f: (f.t, f.index))
+        ordered = sorted(frames, key=lambda f: (f.t, f.index))
+        self._cycles = [tuple(group) for _, group in itertools.groupby(ordered, lambda f: f.t)]
         self._loop = loop
         self._identity = identity
-        self.period_s = trace_period(self._frames)
-        self._duration = self._frames[-1].t - self._frames[0].t + self.period_s
+        self.period_s = trace_period(ordered)
+        self._duration = ordered[-1].t - ordered[0].t + self.period_s
         self._sent = 0
         self._loops = 0
         self._phase: str | None = None
@@ -80,24 +87,27 @@ class ReplaySampler:
     ) -> None:
         async with send:
             task_status.started()
-            start = anyio.current_time() - self._frames[0].t
+            start = anyio.current_time() - self._cycles[0][0].t
             while True:
-                for frame in self._frames:
-                    delay = start + frame.t - anyio.current_time()
-                    if delay > 0:
-                        await anyio.sleep(delay)
-                    await self._publish(send, frame)
+                for cycle in self._cycles:
+                    await anyio.sleep_until(start + cycle[0].t)
+                    await self._publish(send, cycle)
                 if not self._loop:
                     return
                 self._loops += 1
                 start += self._duration
 
-    async def _publish(self, send: MemoryObjectSendStream[Sample], frame: TraceFrame) -> None:
+    async def _publish(
+        self, send: MemoryObjectSendStream[Sample], cycle: tuple[TraceFrame, ...]
+    ) -> None:
         now = anyio.current_time()
-        reading = frame_to_reading(
-            frame, source=self.name, taken_at=now, period_s=self.period_s, identity=self._identity
+        readings = tuple(
+            frame_to_reading(
+                f, source=self.name, taken_at=now, period_s=self.period_s, identity=self._identity
+            )
+            for f in cycle
         )
-        await send.send(reading)
-        self._sent += 1
-        self._phase = frame.phase
+        await send.send(Batch(source=self.name, samples=readings))
+        self._sent += len(cycle)
+        self._phase = cycle[-1].phase
         self._last_sent_at = now
