@@ -18,7 +18,7 @@ import trio.testing
 
 from keda_gpu_scaler.domain.samples import Batch
 from keda_gpu_scaler.sources.replay import ReplaySampler
-from keda_gpu_scaler.testing import collect_samples, open_test_pipeline
+from keda_gpu_scaler.testing import collect_samples, open_test_pipeline, readings
 
 FOUR_GPUS = Path(__file__).parent / "fixtures" / "replay" / "four-gpus.jsonl"
 
@@ -32,11 +32,11 @@ async def test_each_recorded_cycle_is_one_batch_of_every_gpu(
     async with collect_samples(sampler) as received:
         await anyio.sleep_until(start + 10.0)
     assert all(isinstance(s, Batch) for s in received)
-    batches = [s for s in received if isinstance(s, Batch)]
-    assert [b.samples[0].taken_at - start for b in batches] == [0.0, 0.5, 1.0, 1.5]
-    for batch in batches:
-        assert [r.index for r in batch.samples] == [0, 1, 2, 3]
-        assert {r.taken_at for r in batch.samples} == {batch.samples[0].taken_at}
+    cycles = [readings([s]) for s in received]
+    assert [c[0].taken_at - start for c in cycles] == [0.0, 0.5, 1.0, 1.5]
+    for cycle in cycles:
+        assert [r.index for r in cycle] == [0, 1, 2, 3]
+        assert {r.taken_at for r in cycle} == {cycle[0].taken_at}
     assert sampler.statistics().frames_sent == 16
 
 
