@@ -12,7 +12,7 @@ from anyio.abc import SocketStream
 
 from keda_gpu_scaler.domain.endpoints import IpAddress
 from keda_gpu_scaler.domain.engines import EngineKind
-from keda_gpu_scaler.domain.errors import InvalidTrigger, NoData
+from keda_gpu_scaler.domain.errors import EndpointRefused, ScrapeFailed
 from keda_gpu_scaler.sources.engines.extract import SELECTIONS
 from keda_gpu_scaler.sources.engines.http import (
     ACCEPT,
@@ -41,9 +41,9 @@ async def test_refused_address_is_refused_before_any_connection(address: str) ->
     resolver = FakeResolver({"vllm.evil.test": [POD, _ip(address)]})
     async with httpx.AsyncClient(transport=httpx.MockTransport(_must_not_connect)) as client:
         scraper = EngineScraper(client, resolve=resolver)
-        with pytest.raises(InvalidTrigger, match="not allowed") as info:
+        with pytest.raises(EndpointRefused, match="not allowed") as info:
             await scraper.fetch("http://vllm.evil.test:8000/metrics", VLLM)
-        with pytest.raises(InvalidTrigger):
+        with pytest.raises(EndpointRefused):
             await scraper.fetch_pods("http://vllm.evil.test:8000/metrics", VLLM)
     assert "vllm.evil.test resolves to" in str(info.value)
     assert address in str(info.value)
@@ -61,7 +61,7 @@ async def test_static_refusals_need_no_resolution() -> None:
             ("http://169.254.169.254/latest", "cloud metadata address not allowed"),
             ("http://169.254.10.1/metrics", "link-local address not allowed"),
         ]:
-            with pytest.raises(InvalidTrigger, match=reason):
+            with pytest.raises(EndpointRefused, match=reason):
                 await scraper.fetch(url, VLLM)
     assert resolver.calls == []
 
@@ -74,7 +74,7 @@ async def test_allow_list_refuses_addresses_outside_it() -> None:
     async with endpoint.client() as client:
         scraper = EngineScraper(client, policy=policy, resolve=resolver)
         assert (await scraper.fetch("http://in.test:8000/metrics", VLLM)).address == str(POD)
-        with pytest.raises(InvalidTrigger, match="not in the allowed networks"):
+        with pytest.raises(EndpointRefused, match="not in the allowed networks"):
             await scraper.fetch("http://out.test:8000/metrics", VLLM)
 
 
@@ -135,7 +135,7 @@ def iter_chunks(body: bytes, copies: int) -> AsyncIterator[bytes]:
         ),
     ],
 )
-async def test_bad_answers_are_no_data_with_a_reason(
+async def test_bad_answers_are_failed_scrapes_with_a_reason(
     response: Callable[[], httpx.Response], reason: str
 ) -> None:
     endpoint = FakeEndpoint({str(POD): response()})
@@ -143,18 +143,18 @@ async def test_bad_answers_are_no_data_with_a_reason(
         scraper = EngineScraper(
             client, policy=ScrapePolicy(max_bytes=1024), resolve=FakeResolver({"e.test": [POD]})
         )
-        with pytest.raises(NoData, match=reason) as info:
+        with pytest.raises(ScrapeFailed, match=reason) as info:
             await scraper.fetch("http://e.test:8000/metrics", VLLM)
     assert "http://e.test:8000/metrics (10.1.2.3)" in str(info.value)
 
 
 @pytest.mark.anyio
-async def test_connection_and_resolution_failures_are_no_data() -> None:
+async def test_connection_and_resolution_failures_are_failed_scrapes() -> None:
     async with FakeEndpoint().client() as client:
         scraper = EngineScraper(client, resolve=FakeResolver({"down.test": [POD]}))
-        with pytest.raises(NoData, match="connection failed: connection refused"):
+        with pytest.raises(ScrapeFailed, match="connection failed: connection refused"):
             await scraper.fetch("http://down.test:8000/metrics", VLLM)
-        with pytest.raises(NoData, match=r"cannot resolve nowhere\.test"):
+        with pytest.raises(ScrapeFailed, match=r"cannot resolve nowhere\.test"):
             await scraper.fetch("http://nowhere.test:8000/metrics", VLLM)
 
 
@@ -168,7 +168,7 @@ async def test_slow_endpoint_times_out_in_virtual_time(autojump_clock: object) -
             resolve=FakeResolver({"s.test": [POD]}),
         )
         start = anyio.current_time()
-        with pytest.raises(NoData, match="no complete response within 3 s"):
+        with pytest.raises(ScrapeFailed, match="no complete response within 3 s"):
             await scraper.fetch("http://s.test:8000/metrics", VLLM)
         assert anyio.current_time() - start == pytest.approx(3.0)
 
@@ -231,3 +231,29 @@ async def test_real_http_server_on_loopback() -> None:
 @pytest.mark.anyio
 async def test_system_resolver_on_a_literal_needs_no_network() -> None:
     assert await system_resolver("127.0.0.1", 80) == [_ip("127.0.0.1")]
+
+
+def test_sources_never_raise_the_answers_to_keda() -> None:
+    """InvalidTrigger and NoData are what the decision layer answers; sources publish data."""
+    import ast
+    from pathlib import Path
+
+    sources = Path(__file__).resolve().parents[1] / "src" / "keda_gpu_scaler" / "sources"
+    offenders = []
+    for path in sources.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+            if isinstance(node, ast.Name) and node.id in {"InvalidTrigger", "NoData"}:
+                offenders.append(f"{path.relative_to(sources)}:{node.lineno} {node.id}")
+    assert offenders == []
+
+
+def test_a_refusal_is_permanent_and_a_failed_scrape_transient() -> None:
+    from keda_gpu_scaler.domain.errors import SourceFailure, SourceUnavailable
+
+    refused = EndpointRefused("http://169.254.169.254/", "cloud metadata address not allowed")
+    assert isinstance(refused, SourceUnavailable)
+    assert refused.reason == "cloud metadata address not allowed"
+    assert str(refused) == (
+        'endpoint "http://169.254.169.254/" refused: cloud metadata address not allowed'
+    )
+    assert issubclass(ScrapeFailed, SourceFailure)

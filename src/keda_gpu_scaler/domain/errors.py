@@ -3,11 +3,17 @@
     ScalerError
     ├── InvalidTrigger      permanent: the trigger metadata is wrong; fix the ScaledObject
     ├── NoData              transient: no usable reading right now; ask again later
-    └── SourceError         raised by samplers
+    └── SourceError         raised by samplers, never answered to KEDA as such
         ├── SourceUnavailable   permanent: the source cannot start here (library, device, file)
+        │   └── EndpointRefused     an engine endpoint refused by policy (SSRF rules,
+        │                           allow-list): no request is made
         └── SourceFailure       transient: one cycle failed; the supervisor retries with backoff
+            └── ScrapeFailed        one scrape of an engine endpoint failed (resolution,
+                                    connection, timeout, status, size, parse); next cycle retries
 
-Serving maps InvalidTrigger to INVALID_ARGUMENT and NoData to UNAVAILABLE in one place.
+Only the decision layer raises InvalidTrigger and NoData: it reads what a source published
+(an engine sample marked refused becomes InvalidTrigger naming the trigger key). Serving maps
+InvalidTrigger to INVALID_ARGUMENT and NoData to UNAVAILABLE in one place.
 """
 
 from __future__ import annotations
@@ -46,3 +52,16 @@ class SourceUnavailable(SourceError):
 
 class SourceFailure(SourceError):
     """One sampling cycle failed; retry after a delay."""
+
+
+class EndpointRefused(SourceUnavailable):
+    """``url`` may not be scraped: ``reason`` says which rule refuses it."""
+
+    def __init__(self, url: str, reason: str) -> None:
+        self.url = url
+        self.reason = reason
+        super().__init__(f"endpoint {json.dumps(url)} refused: {reason}")
+
+
+class ScrapeFailed(SourceFailure):
+    """One scrape of an engine endpoint failed; the message names the URL and why."""

@@ -12,8 +12,8 @@ Redirects are never followed (a 3xx is an error naming the target), and proxies 
 environment must be off (:func:`new_engine_client`), since a proxy would resolve again.
 
 Errors, translated where httpx raises them:
-    InvalidTrigger   the endpoint is refused by policy (configuration: fix the trigger)
-    NoData           resolution, connection, timeout, status, size or parse failure
+    EndpointRefused  the endpoint is refused by policy (configuration: fix the trigger)
+    ScrapeFailed     resolution, connection, timeout, status, size or parse failure
                      (transient: the sampler publishes it and tries again next cycle)
 """
 
@@ -28,7 +28,7 @@ import anyio
 import httpx
 
 from keda_gpu_scaler.domain.endpoints import IpAddress, endpoint_refusal, refusal_for_address
-from keda_gpu_scaler.domain.errors import InvalidTrigger, NoData
+from keda_gpu_scaler.domain.errors import EndpointRefused, ScrapeFailed
 from keda_gpu_scaler.sources.engines.promtext import (
     Exposition,
     ExpositionError,
@@ -126,18 +126,18 @@ class EngineScraper:
         """Resolve ``url``'s host and check every address; no connection is made."""
         reason = endpoint_refusal(url)
         if reason is not None:
-            raise InvalidTrigger("endpoint", url, reason)
+            raise EndpointRefused(url, reason)
         parsed = httpx.URL(url)
         try:
             addresses = list(await self._resolve(parsed.host, _port(parsed)))
         except OSError as exc:
-            raise NoData(f"cannot resolve {parsed.host}: {exc.strerror or exc}") from exc
+            raise ScrapeFailed(f"cannot resolve {parsed.host}: {exc.strerror or exc}") from exc
         if not addresses:
-            raise NoData(f"{parsed.host} resolves to no address")
+            raise ScrapeFailed(f"{parsed.host} resolves to no address")
         for ip in addresses:
             refusal = self._refusal(ip)
             if refusal is not None:
-                raise InvalidTrigger("endpoint", url, f"{parsed.host} resolves to {refusal}")
+                raise EndpointRefused(url, f"{parsed.host} resolves to {refusal}")
         return addresses
 
     async def fetch(self, url: str, selection: Selection) -> Scrape:
@@ -156,7 +156,7 @@ class EngineScraper:
         async def one(ip: IpAddress) -> None:
             try:
                 results[ip] = PodScrape(str(ip), await self.fetch_at(url, ip, selection), None)
-            except NoData as exc:
+            except ScrapeFailed as exc:
                 results[ip] = PodScrape(str(ip), None, str(exc))
 
         async with anyio.create_task_group() as tg:
@@ -172,9 +172,9 @@ class EngineScraper:
             text = body.decode("utf-8")
             exposition = parse_exposition(text, selection)
         except UnicodeDecodeError as exc:
-            raise NoData(f"{url} ({ip}): response is not UTF-8 text: {exc.reason}") from exc
+            raise ScrapeFailed(f"{url} ({ip}): response is not UTF-8 text: {exc.reason}") from exc
         except ExpositionError as exc:
-            raise NoData(f"{url} ({ip}): not Prometheus text: {exc}") from exc
+            raise ScrapeFailed(f"{url} ({ip}): not Prometheus text: {exc}") from exc
         return Scrape(str(ip), exposition, anyio.current_time() - started)
 
     def _refusal(self, ip: IpAddress) -> str | None:
@@ -192,9 +192,9 @@ class EngineScraper:
                 return await self._send(request, where)
         except TimeoutError as exc:
             limit = self._policy.total_timeout_s
-            raise NoData(f"{where}: no complete response within {limit:g} s") from exc
+            raise ScrapeFailed(f"{where}: no complete response within {limit:g} s") from exc
         except httpx.HTTPError as exc:
-            raise NoData(f"{where}: {_describe(exc)}") from exc
+            raise ScrapeFailed(f"{where}: {_describe(exc)}") from exc
 
     def _pinned_request(self, url: httpx.URL, ip: IpAddress) -> httpx.Request:
         extensions = {"sni_hostname": url.host} if url.scheme == "https" else None
@@ -222,21 +222,21 @@ def _port(url: httpx.URL) -> int:
 def _check_status(response: httpx.Response, where: str) -> None:
     if response.is_redirect:
         target = response.headers.get("location", "?")
-        raise NoData(f"{where}: redirect to {target} refused (HTTP {response.status_code})")
+        raise ScrapeFailed(f"{where}: redirect to {target} refused (HTTP {response.status_code})")
     if response.status_code != 200:
-        raise NoData(f"{where}: returned HTTP {response.status_code}")
+        raise ScrapeFailed(f"{where}: returned HTTP {response.status_code}")
 
 
 async def _read_capped(response: httpx.Response, limit: int, where: str) -> bytes:
     declared = response.headers.get("content-length", "")
     if declared.isdigit() and int(declared) > limit:
-        raise NoData(f"{where}: response larger than {limit} bytes")
+        raise ScrapeFailed(f"{where}: response larger than {limit} bytes")
     chunks: list[bytes] = []
     size = 0
     async for chunk in response.aiter_bytes():
         size += len(chunk)
         if size > limit:  # stop reading: the rest never enters memory
-            raise NoData(f"{where}: response larger than {limit} bytes")
+            raise ScrapeFailed(f"{where}: response larger than {limit} bytes")
         chunks.append(chunk)
     return b"".join(chunks)
 

@@ -31,7 +31,7 @@ from keda_gpu_scaler.domain.engines import (
     EngineTarget,
     PodResult,
 )
-from keda_gpu_scaler.domain.errors import InvalidTrigger, NoData
+from keda_gpu_scaler.domain.errors import EndpointRefused, ScrapeFailed
 from keda_gpu_scaler.sources.engines.extract import SELECTIONS, extract
 from keda_gpu_scaler.sources.engines.http import EngineScraper, PodScrape, Scrape
 from keda_gpu_scaler.sources.engines.promtext import Exposition, merge_expositions
@@ -106,15 +106,15 @@ class EngineSampler:
                 await anyio.sleep_until(next_at)
 
     async def sample(self) -> EngineSample:
-        """One cycle: scrape, compute against this sampler's baseline, never raise NoData."""
+        """One cycle: scrape, compute against this sampler's baseline; failures are data."""
         started = anyio.current_time()
         self._scrapes += 1
         self._last_scrape_at = started
         try:
             sample = await self._cycle(started)
-        except InvalidTrigger as exc:
+        except EndpointRefused as exc:
             sample = self._failure(started, exc.reason, refused=True)
-        except NoData as exc:
+        except ScrapeFailed as exc:
             sample = self._failure(started, str(exc))
         self._last_scrape_s = anyio.current_time() - started
         return sample
