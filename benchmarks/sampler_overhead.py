@@ -41,14 +41,15 @@ async def _run(hz: float, cycles: int) -> dict[str, Any]:
     sampler = NvmlSampler(nvml, interval_s=1.0 / hz)
     send, receive = anyio.create_memory_object_stream[Sample](64)
     cpu_start = time.process_time()
+    done = 0
     async with anyio.create_task_group() as tg, receive:
         await tg.start(sampler.run, send)
-        async for _batch in receive:
-            if sampler.statistics().cycles >= cycles:
+        async for _batch in receive:  # one Batch per cycle
+            done += 1
+            if done >= cycles:
                 break
         tg.cancel_scope.cancel()
     cpu_s = time.process_time() - cpu_start
-    done = sampler.statistics().cycles
     per_sample_us = cpu_s / (done * GPUS) * 1e6
     return {
         "hz": hz,

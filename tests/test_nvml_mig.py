@@ -20,7 +20,7 @@ from keda_gpu_scaler.sources.nvml.fake_backend import (
     mig_instances,
 )
 from keda_gpu_scaler.sources.nvml.sampler import NvmlSampler
-from keda_gpu_scaler.sources.nvml.testing import inline, readings, running, snapshot_of
+from keda_gpu_scaler.testing import collect_samples, inline, readings, snapshot_after
 
 GIB = 1 << 30
 
@@ -42,10 +42,10 @@ def _mig_node() -> FakeNvml:
 
 async def _two_cycles(nvml: FakeNvml) -> tuple[list[GpuReading], Snapshot, float]:
     start = anyio.current_time()
-    async with running(NvmlSampler(nvml, call_in_thread=inline)) as received:
+    async with collect_samples(NvmlSampler(nvml, call_in_thread=inline)) as received:
         await anyio.sleep_until(start + 1.5)
     now = start + 1.5
-    return readings(received), snapshot_of(received, now), now
+    return readings(received), snapshot_after(received, now), now
 
 
 @pytest.mark.trio

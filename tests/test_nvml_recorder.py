@@ -15,7 +15,6 @@ from keda_gpu_scaler.domain.samples import GpuReading
 from keda_gpu_scaler.sources.nvml.backend import GpmMetric
 from keda_gpu_scaler.sources.nvml.errors import NvmlCode
 from keda_gpu_scaler.sources.nvml.fake_backend import FakeNvml, enable_mig, h200_gpu, mig_instances
-from keda_gpu_scaler.sources.nvml.testing import inline
 from keda_gpu_scaler.sources.recorder import record_trace
 from keda_gpu_scaler.sources.trace import (
     frame_to_reading,
@@ -23,6 +22,7 @@ from keda_gpu_scaler.sources.trace import (
     reading_to_frame,
     trace_period,
 )
+from keda_gpu_scaler.testing import inline
 
 _COMPARED = [f for f in GpuReading.__struct_fields__ if f not in {"source", "taken_at", "period_s"}]
 

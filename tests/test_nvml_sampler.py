@@ -10,12 +10,12 @@ import trio.testing
 
 from keda_gpu_scaler.domain.decision import measure
 from keda_gpu_scaler.domain.errors import NoData, SourceFailure
-from keda_gpu_scaler.domain.samples import Sample
+from keda_gpu_scaler.domain.samples import Batch, DeviceKey, Sample
 from keda_gpu_scaler.domain.trigger import parse_trigger
 from keda_gpu_scaler.sources.nvml.errors import NvmlCode
 from keda_gpu_scaler.sources.nvml.fake_backend import H200_UUID, FakeNvlink, FakeNvml
 from keda_gpu_scaler.sources.nvml.sampler import NvmlSampler
-from keda_gpu_scaler.sources.nvml.testing import faults, inline, readings, running, snapshot_of
+from keda_gpu_scaler.testing import collect_samples, faults, inline, readings, snapshot_after
 
 
 def _sampler(nvml: FakeNvml, **options: float | None) -> NvmlSampler:
@@ -28,7 +28,7 @@ async def test_h200_is_read_every_second_with_absent_not_zero(
 ) -> None:
     nvml = FakeNvml.h200(clock=anyio.current_time)
     start = anyio.current_time()
-    async with running(_sampler(nvml)) as received:
+    async with collect_samples(_sampler(nvml)) as received:
         await anyio.sleep_until(start + 2.5)
     got = readings(received)
     assert [r.taken_at - start for r in got] == [0.0, 1.0, 2.0]
@@ -66,7 +66,7 @@ async def test_pcie_runs_on_its_own_slower_cadence_and_is_carried(
 ) -> None:
     nvml = FakeNvml.h200()
     start = anyio.current_time()
-    async with running(_sampler(nvml, pcie_interval_s=5.0)) as received:
+    async with collect_samples(_sampler(nvml, pcie_interval_s=5.0)) as received:
         await anyio.sleep_until(start + 5.5)
         nvml.gpus[0].pcie_tx_kbs = 9999
         await anyio.sleep_until(start + 11.5)
@@ -80,7 +80,7 @@ async def test_pcie_runs_on_its_own_slower_cadence_and_is_carried(
 @pytest.mark.trio
 async def test_pcie_can_be_switched_off(autojump_clock: trio.testing.MockClock) -> None:
     nvml = FakeNvml.h200()
-    async with running(_sampler(nvml, pcie_interval_s=None)) as received:
+    async with collect_samples(_sampler(nvml, pcie_interval_s=None)) as received:
         await anyio.sleep(2.5)
     assert nvml.calls["pcie_throughput_kbs"] == 0
     assert {r.pcie_tx_kbps for r in readings(received)} == {None}
@@ -94,7 +94,7 @@ async def test_nvlink_is_a_rate_from_counters_in_the_right_direction(
     gpu = nvml.gpus[0]
     (link,) = gpu.nvlinks = [FakeNvlink(10_000, 20_000)]
     start = anyio.current_time()
-    async with running(_sampler(nvml)) as received:
+    async with collect_samples(_sampler(nvml)) as received:
         await anyio.sleep_until(start + 0.5)
         link.tx_kib = 10_000 + 500 * 1024  # this GPU sent 500 MiB
         link.rx_kib = 20_000 + 100 * 1024
@@ -108,7 +108,7 @@ async def _nvlink_rates_over_18_links(nvml: FakeNvml) -> list[tuple[float | None
     """Link ``i`` of the GPU sends ``i + 1`` MiB and receives 1 MiB in the second cycle."""
     links = nvml.gpus[0].nvlinks = [FakeNvlink(0, 0) for _ in range(18)]
     start = anyio.current_time()
-    async with running(_sampler(nvml)) as received:
+    async with collect_samples(_sampler(nvml)) as received:
         await anyio.sleep_until(start + 0.5)
         for i, link in enumerate(links):
             link.tx_kib, link.rx_kib = (i + 1) * 1024, 1024
@@ -146,12 +146,11 @@ async def test_gpu_lost_mid_run_is_marked_retried_with_backoff_and_recovers(
     lost_key = nvml.gpus[1].uuid
     start = anyio.current_time()
     sampler = _sampler(nvml)
-    async with running(sampler) as received:
+    async with collect_samples(sampler) as received:
         await anyio.sleep_until(start + 2.5)
         nvml.lose(1)
         await anyio.sleep_until(start + 5.5)
         mid_run = list(received)
-        assert sampler.statistics().lost == (1,)
         await anyio.sleep_until(start + 6.5)
         nvml.restore(1)
         await anyio.sleep_until(start + 11.5)
@@ -163,10 +162,13 @@ async def test_gpu_lost_mid_run_is_marked_retried_with_backoff_and_recovers(
     assert [f.at - start for f in lost] == [3.0, 4.0, 6.0]  # retries after 1 s, then 2 s, 4 s
     assert all(f.lost and f.key == lost_key and f.index == 1 for f in lost)
     assert "GPU is lost" in lost[0].reason
-    assert sampler.statistics().errors == 3
-    assert sampler.statistics().lost == ()
+    assert [
+        d.index for d in snapshot_after(received, start + 11.5).devices.values() if d.is_lost()
+    ] == []
 
-    snapshot = snapshot_of(mid_run, start + 5.5)
+    snapshot = snapshot_after(mid_run, start + 5.5)
+    assert [d.index for d in snapshot.devices.values() if d.is_lost()] == [1]
+    assert snapshot.devices[DeviceKey(lost_key)].lost_since == start + 3.0  # the first loss
     with pytest.raises(NoData, match=r"GPU 1 \(.*\) is lost"):
         measure(parse_trigger({"gpuIndex": "1"}), snapshot, start + 5.5)
     with pytest.raises(NoData, match="is lost"):
@@ -181,7 +183,7 @@ async def test_unknown_error_marks_the_device_lost_and_gpm_buffers_are_freed(
     nvml = FakeNvml.h200()
     nvml.fail("utilization", NvmlCode.UNKNOWN, gpu=0, times=1)
     start = anyio.current_time()
-    async with running(_sampler(nvml)) as received:
+    async with collect_samples(_sampler(nvml)) as received:
         await anyio.sleep_until(start + 1.5)
         assert nvml.live_gpm_samples == 2
     (fault,) = faults(received)
@@ -198,7 +200,7 @@ async def test_gpu_that_fails_discovery_is_reported_without_a_made_up_key(
     nvml = FakeNvml.h200()
     nvml.fail("device_handle", NvmlCode.GPU_IS_LOST, times=1)
     start = anyio.current_time()
-    async with running(_sampler(nvml)) as received:
+    async with collect_samples(_sampler(nvml)) as received:
         await anyio.sleep_until(start + 1.5)
     (fault,) = faults(received)
     assert (fault.key, fault.lost) == (None, False)
@@ -237,11 +239,11 @@ async def test_slow_calls_are_measured_and_do_not_shift_the_schedule(
     nvml.set_latency("pcie_throughput_kbs", 0.0208)
     start = anyio.current_time()
     sampler = _sampler(nvml, pcie_interval_s=None)
-    async with running(sampler) as received:
+    async with collect_samples(sampler) as received:
         await anyio.sleep_until(start + 2.9)
     assert [r.taken_at - start for r in readings(received)] == [0.0, 1.0, 2.0]
-    assert sampler.statistics().last_cycle_s == pytest.approx(0.25)
-    assert sampler.statistics().cycles == 3
+    cycles = [s for s in received if isinstance(s, Batch)]
+    assert [b.cycle_s for b in cycles] == pytest.approx([0.25] * 3)
 
 
 @pytest.mark.trio
@@ -261,7 +263,7 @@ async def test_nvml_calls_run_off_the_event_loop() -> None:
         await tg.start(sampler.run, send)
         assert await anyio.to_thread.run_sync(entered.wait, 5)
         # Still here, and no cycle finished: the call is blocked in its worker thread.
-        assert sampler.statistics().cycles == 0
+        assert receive.statistics().current_buffer_used == 0
         release.set()
         with receive:
             (first,) = readings([await receive.receive()])

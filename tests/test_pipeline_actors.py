@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
-
 import anyio
 import pytest
 from anyio.streams.memory import MemoryObjectSendStream
@@ -20,6 +17,7 @@ from keda_gpu_scaler.pipeline.hub import SnapshotHub
 from keda_gpu_scaler.pipeline.supervisor import Backoff, supervise
 from keda_gpu_scaler.sources.fake import FakeGpuSource
 from keda_gpu_scaler.sources.replay import ReplaySampler
+from keda_gpu_scaler.testing import open_test_pipeline
 
 TRIGGERS = {
     "training": {"profile": "training", "cooldownSeconds": "0"},
@@ -32,17 +30,6 @@ TRIGGERS = {
         "cooldownSeconds": "0",
     },
 }
-
-
-@asynccontextmanager
-async def _pipeline(source: ReplaySampler | FakeGpuSource) -> AsyncIterator[SnapshotHub]:
-    hub = SnapshotHub()
-    send, receive = anyio.create_memory_object_stream[Sample](64)
-    async with anyio.create_task_group() as tg:
-        await tg.start(Aggregator(receive, hub).run)
-        await tg.start(source.run, send)
-        yield hub
-        tg.cancel_scope.cancel()
 
 
 def _decide_all(hub: SnapshotHub) -> dict[str, Decision]:
@@ -63,7 +50,8 @@ async def test_replay_drives_decisions_through_every_phase(autojump_clock: MockC
         48.1: ("h2d", {"training", "triton", "pcie_rx"}, ("sm", 0.0)),
         53.7: ("idle", set(), ("triton", 0.0)),
     }
-    async with _pipeline(sampler) as hub:
+    async with open_test_pipeline(sampler) as pipeline:
+        hub = pipeline.hub
         start = anyio.current_time()
         for at, (phase, active, (name, value)) in expected.items():
             await anyio.sleep_until(start + at)
@@ -76,7 +64,8 @@ async def test_replay_drives_decisions_through_every_phase(autojump_clock: MockC
 @pytest.mark.trio
 async def test_replay_loops_and_readings_stay_fresh(autojump_clock: MockClock) -> None:
     sampler = ReplaySampler.bundled(loop=True)
-    async with _pipeline(sampler) as hub:
+    async with open_test_pipeline(sampler) as pipeline:
+        hub = pipeline.hub
         await anyio.sleep(130.0)
         assert sampler.statistics().loops == 2
         assert hub.current.has_fresh_reading(anyio.current_time())
@@ -87,7 +76,8 @@ async def test_reading_goes_stale_after_three_periods(autojump_clock: MockClock)
     source = FakeGpuSource(1, period_s=1.0)
     source.set(0, gpu_utilization=70.0)
     spec = parse_trigger({"cooldownSeconds": "0"})
-    async with _pipeline(source) as hub:
+    async with open_test_pipeline(source) as pipeline:
+        hub = pipeline.hub
         await anyio.sleep(0.5)
         source.pause()
         paused_at = anyio.current_time()
@@ -115,7 +105,8 @@ async def test_sixty_second_cooldown_in_virtual_time(autojump_clock: MockClock) 
         return decision.value
 
     source.set(0, gpu_utilization=90.0)
-    async with _pipeline(source) as hub:
+    async with open_test_pipeline(source) as pipeline:
+        hub = pipeline.hub
         t0 = anyio.current_time()  # cycles at t0, t0 + 1, ...
         await anyio.sleep(0.5)
         assert served() == 90
@@ -136,7 +127,8 @@ async def test_lost_gpu_is_unavailable_then_recovers(autojump_clock: MockClock) 
     source.set(0, gpu_utilization=10.0)
     source.set(1, gpu_utilization=20.0)
     spec = parse_trigger({"cooldownSeconds": "0"})
-    async with _pipeline(source) as hub:
+    async with open_test_pipeline(source) as pipeline:
+        hub = pipeline.hub
         await anyio.sleep(0.5)
         assert decide(spec, hub.current, None, anyio.current_time()).value == 20
         source.lose(1, "GPU has fallen off the bus")
@@ -182,7 +174,8 @@ async def test_supervisor_restarts_a_failed_source_with_backoff(autojump_clock: 
 @pytest.mark.trio
 async def test_aggregator_folds_one_cycle_into_one_snapshot(autojump_clock: MockClock) -> None:
     source = FakeGpuSource(8, period_s=1.0)
-    async with _pipeline(source) as hub:
+    async with open_test_pipeline(source) as pipeline:
+        hub = pipeline.hub
         await anyio.sleep(2.5)
         assert len(hub.current.devices) == 8
         assert hub.current.version == 3  # cycles at 0, 1 and 2

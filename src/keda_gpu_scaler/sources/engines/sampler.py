@@ -17,7 +17,6 @@ may already have climbed past their old values, which no reset check could see.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
 
 import anyio
 from anyio.abc import TaskStatus
@@ -41,20 +40,6 @@ ADDRESS_LABEL = "__address__"
 DEFAULT_INTERVAL_S = 5.0
 
 
-@dataclass(frozen=True, slots=True)
-class EngineSamplerStatistics:
-    scrapes: int
-    errors: int
-    """Cycles that produced no reading."""
-    last_scrape_s: float | None
-    """How long the last cycle took, resolution and every pod included."""
-    last_scrape_at: float | None
-    last_error: str | None
-    """The most recent error, kept after recovery (``errors`` says how many)."""
-    pods: int
-    """Pods that answered the last cycle (1 or 0 in static mode)."""
-
-
 class EngineSampler:
     def __init__(
         self,
@@ -74,22 +59,6 @@ class EngineSampler:
         self._scraper = scraper
         self._selection = SELECTIONS[kind]
         self._baseline: Baseline | None = None
-        self._scrapes = 0
-        self._errors = 0
-        self._last_scrape_s: float | None = None
-        self._last_scrape_at: float | None = None
-        self._last_error: str | None = None
-        self._pods = 0
-
-    def statistics(self) -> EngineSamplerStatistics:
-        return EngineSamplerStatistics(
-            scrapes=self._scrapes,
-            errors=self._errors,
-            last_scrape_s=self._last_scrape_s,
-            last_scrape_at=self._last_scrape_at,
-            last_error=self._last_error,
-            pods=self._pods,
-        )
 
     async def run(
         self,
@@ -108,23 +77,18 @@ class EngineSampler:
     async def sample(self) -> EngineSample:
         """One cycle: scrape, compute against this sampler's baseline; failures are data."""
         started = anyio.current_time()
-        self._scrapes += 1
-        self._last_scrape_at = started
         try:
-            sample = await self._cycle(started)
+            return await self._cycle(started)
         except EndpointRefused as exc:
-            sample = self._failure(started, exc.reason, refused=True)
+            return self._failure(started, exc.reason, refused=True)
         except ScrapeFailed as exc:
-            sample = self._failure(started, str(exc))
-        self._last_scrape_s = anyio.current_time() - started
-        return sample
+            return self._failure(started, str(exc))
 
     async def _cycle(self, started: float) -> EngineSample:
         if self.discovery is Discovery.DNS:
             pods = await self._scraper.fetch_pods(self.url, self._selection)
             return self._from_pods(started, pods)
         scrape = await self._scraper.fetch(self.url, self._selection)
-        self._pods = 1
         reading, self._baseline = extract(
             self.kind, _tagged(scrape), taken_at=started, previous=self._baseline
         )
@@ -133,7 +97,6 @@ class EngineSampler:
     def _from_pods(self, started: float, pods: list[PodScrape]) -> EngineSample:
         answered = [(p.address, _tagged(p.scrape)) for p in pods if p.scrape is not None]
         failed = [p for p in pods if p.scrape is None]
-        self._pods = len(answered)
         if not answered:
             reasons = "; ".join(f"{p.address}: {p.error}" for p in failed)
             return self._failure(started, f"no pod answered ({reasons})", pods=_results(pods))
@@ -145,8 +108,6 @@ class EngineSampler:
             for address, exposition in answered
         }
         note = f"{len(failed)} of {len(pods)} pods failed" if failed else None
-        if failed:
-            self._last_error = "; ".join(f"{p.address}: {p.error}" for p in failed)
         return self._sample(started, reading=reading, error=note, pods=_results(pods, per_pod))
 
     def _failure(
@@ -157,8 +118,6 @@ class EngineSampler:
         pods: tuple[PodResult, ...] = (),
         refused: bool = False,
     ) -> EngineSample:
-        self._errors += 1
-        self._last_error = reason
         self._baseline = None
         return self._sample(started, error=reason, pods=pods, refused=refused)
 

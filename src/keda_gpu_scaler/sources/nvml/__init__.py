@@ -16,7 +16,6 @@ from keda_gpu_scaler.sources.nvml.sampler import (
     DEFAULT_PCIE_INTERVAL_S,
     CallInThread,
     NvmlSampler,
-    NvmlSamplerStatistics,
     run_in_worker_thread,
 )
 
@@ -28,7 +27,6 @@ __all__ = [
     "FakeNvml",
     "NvmlBackend",
     "NvmlSampler",
-    "NvmlSamplerStatistics",
     "open_nvml_sampler",
     "run_in_worker_thread",
 ]

@@ -46,21 +46,6 @@ async def run_in_worker_thread(func: Callable[[], _T]) -> _T:
     return await anyio.to_thread.run_sync(func)
 
 
-@dataclass(frozen=True, slots=True)
-class NvmlSamplerStatistics:
-    cycles: int
-    errors: int
-    """Device failures seen (each lost device and each failed retry counts)."""
-    gpus: int
-    mig_instances: int
-    lost: tuple[int, ...]
-    """NVML indexes of the GPUs lost right now."""
-    pcie_cycles: int
-    last_cycle_s: float | None
-    """How long the last fast cycle took, NVML calls included."""
-    last_cycle_at: float | None
-
-
 @dataclass
 class _Slot:
     """One NVML index: the device found there, or why it is lost and when to retry."""
@@ -93,24 +78,6 @@ class NvmlSampler:
         self._call = call_in_thread
         self._slots: list[_Slot] = []
         self._pcie: dict[str, tuple[PcieValue, float]] = {}
-        self._cycles = 0
-        self._errors = 0
-        self._pcie_cycles = 0
-        self._last_cycle_s: float | None = None
-        self._last_cycle_at: float | None = None
-
-    def statistics(self) -> NvmlSamplerStatistics:
-        gpus = [s.gpu for s in self._slots if s.gpu is not None]
-        return NvmlSamplerStatistics(
-            cycles=self._cycles,
-            errors=self._errors,
-            gpus=len(self._slots),
-            mig_instances=sum(len(g.instances) for g in gpus),
-            lost=tuple(s.index for s in self._slots if s.gpu is None),
-            pcie_cycles=self._pcie_cycles,
-            last_cycle_s=self._last_cycle_s,
-            last_cycle_at=self._last_cycle_at,
-        )
 
     async def run(
         self,
@@ -159,9 +126,6 @@ class NvmlSampler:
             # One Batch per cycle: the aggregator makes one snapshot of the whole node.
             await send.send(Batch(source=self.name, samples=tuple(samples), cycle_s=took))
             now = anyio.current_time()
-            self._cycles += 1
-            self._last_cycle_s = now - cycle.taken_at
-            self._last_cycle_at = cycle.taken_at
             # After an overrun the schedule restarts from now instead of bursting.
             next_at = max(next_at + self._interval_s, now)
             await anyio.sleep_until(next_at)
@@ -173,7 +137,6 @@ class NvmlSampler:
             values = await self._in_thread(functools.partial(self._read_pcie, targets))
             now = anyio.current_time()
             self._pcie.update({uuid: (value, now) for uuid, value in values.items()})
-            self._pcie_cycles += 1
             next_at = max(next_at + interval_s, now)
             await anyio.sleep_until(next_at)
 
@@ -224,7 +187,6 @@ class NvmlSampler:
         return value
 
     def _lose(self, slot: _Slot, cycle: Cycle, exc: NvmlError) -> list[SourceFault]:
-        self._errors += 1
         slot.failures += 1
         slot.retry_at = cycle.taken_at + min(
             self._max_retry_s, self._interval_s * 2 ** (slot.failures - 1)
