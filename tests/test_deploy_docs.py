@@ -27,6 +27,7 @@ def test_getting_started_names_only_files_that_exist() -> None:
 def test_getting_started_applies_the_base_and_the_sample() -> None:
     text = GETTING_STARTED.read_text()
     for command in (
+        "helm install keda-gpu-scaler k8s/helm/keda-gpu-scaler --namespace keda",
         "kubectl apply -k k8s/base",
         "kubectl apply -f k8s/examples/getting-started.yaml",
         "helm install gpu-operator nvidia/gpu-operator",
@@ -44,3 +45,13 @@ def test_migration_covers_every_defect_and_every_name() -> None:
         assert re.search(rf"\*\*D{n},", text), f"D{n}"
     for name in (*TRIGGER_KEYS, *PROFILES, *(t.value for t in MetricType)):
         assert f"`{name}`" in text, name
+
+
+def test_docs_use_the_go_projects_address() -> None:
+    """One address everywhere: the chart's default, which is the Go project's."""
+    texts = {p: p.read_text() for p in (ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")))}
+    for path, text in texts.items():
+        assert "keda-gpu-scaler.keda-gpu-scaler" not in text, path.name
+        assert "-n keda-gpu-scaler " not in text, path.name
+    for path in (ROOT / "README.md", GETTING_STARTED, MIGRATION):
+        assert "keda-gpu-scaler.keda.svc.cluster.local:6000" in texts[path], path.name
