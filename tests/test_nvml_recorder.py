@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import math
 from importlib import resources
 from pathlib import Path
@@ -11,12 +12,15 @@ import pytest
 import trio.testing
 
 from keda_gpu_scaler.domain.errors import SourceFailure, SourceUnavailable
-from keda_gpu_scaler.domain.samples import GpuReading
+from keda_gpu_scaler.domain.samples import SAMPLE_ENCODER, DeviceKey, GpuReading
 from keda_gpu_scaler.sources.nvml.backend import GpmMetric
 from keda_gpu_scaler.sources.nvml.errors import NvmlCode
 from keda_gpu_scaler.sources.nvml.fake_backend import FakeNvml, enable_mig, h200_gpu, mig_instances
 from keda_gpu_scaler.sources.recorder import record_trace
 from keda_gpu_scaler.sources.trace import (
+    GpmFrame,
+    TraceFrame,
+    encode_frame,
     frame_to_reading,
     parse_trace,
     reading_to_frame,
@@ -47,11 +51,11 @@ async def test_recording_writes_one_frame_per_device_and_cycle(
     assert sorted({f.t for f in frames}) == [0.0, 1.0, 2.0]
     assert {f.phase for f in frames} == {"idle"}
     instance = [f for f in frames if f.uuid == "MIG-fake-0-8"]
-    assert [f.gpm.sm_util if f.gpm else None for f in instance] == [None, 42.0, 42.0]
+    assert [f.gpm.sm_active if f.gpm else None for f in instance] == [None, 42.0, 42.0]
     assert (instance[0].parent_index, instance[0].gpu_instance_id) == (0, 8)
     # v2 memory is written as captured: used without the reserved part.
     plain = next(f for f in frames if f.index == 1)
-    assert (plain.mem_used, plain.mem_reserved) == (0, 644_939_776)
+    assert (plain.memory_used_bytes, plain.memory_reserved_bytes) == (0, 644_939_776)
 
 
 @pytest.mark.trio
@@ -113,7 +117,7 @@ def test_the_shipped_h200_trace_still_reads() -> None:
     assert not first.is_mig_instance()
     assert not first.mig_enabled
     assert all(f.parent_index is None for f in frames)
-    assert any(f.gpm and f.gpm.sm_util and f.gpm.sm_util > 90 for f in frames)
+    assert any(f.gpm and f.gpm.sm_active and f.gpm.sm_active > 90 for f in frames)
     assert not any(f.gpm and f.gpm.dram_bw_util and math.isnan(f.gpm.dram_bw_util) for f in frames)
 
 
@@ -160,4 +164,51 @@ def test_a_recording_made_on_a_real_h200_replays() -> None:
     assert busy.sm_active is not None
     assert busy.sm_active > 90
     assert busy.nvlink_tx_mbps is None  # NotSupported per field on this H200, not 0
-    assert busy.memory_used_bytes == frames[-1].mem_used + 644_939_776  # type: ignore[operator]
+    assert busy.memory_used_bytes == frames[-1].memory_used_bytes + 644_939_776  # type: ignore[operator]
+
+
+def test_a_frame_carries_every_field_of_a_reading() -> None:
+    """A new GpuReading field must reach the trace, or recordings silently drop it."""
+    not_recorded = {"source", "key", "taken_at", "period_s"}
+    in_frame = set(TraceFrame.__struct_fields__) | set(GpmFrame.__struct_fields__)
+    assert set(GpuReading.__struct_fields__) - not_recorded <= in_frame
+
+
+def test_the_trace_keeps_the_names_of_the_capture() -> None:
+    reading = GpuReading(
+        source="s",
+        key=DeviceKey("GPU-1"),
+        index=1,
+        uuid="GPU-1",
+        name="G",
+        taken_at=0.0,
+        period_s=1.0,
+        gpu_utilization=5.0,
+        memory_used_bytes=30,
+        memory_reserved_bytes=10,
+        sm_clock_mhz=1980.0,
+        pcie_rx_kbps=7.0,
+        sm_active=1.0,
+        tensor_active=2.0,
+    )
+    line = encode_frame(reading_to_frame(reading, 0.5, phase="p"))
+    assert line == (
+        b'{"t":0.5,"phase":"p","index":1,"uuid":"GPU-1","name":"G","util_gpu":5.0,'
+        b'"mem_used":20,"mem_reserved":10,"clock_sm":1980.0,"pcie_rx_kbs":7.0,'
+        b'"gpm":{"sm_util":1.0,"any_tensor_util":2.0}}\n'
+    )
+
+
+def test_the_shipped_h200_trace_reads_as_before_the_rename_table() -> None:
+    """Digests of the readings (and of the frames written back) taken with the field-by-field
+    copies this table replaced: every recording loads, and records, byte for byte the same."""
+    text = resources.files("keda_gpu_scaler.sources").joinpath("data", "h200-trace.jsonl")
+    frames = parse_trace(text.read_text(encoding="utf-8").splitlines())
+    got = [frame_to_reading(f, source="replay", taken_at=f.t, period_s=0.1) for f in frames]
+    encoded = b"".join(SAMPLE_ENCODER.encode(r) + b"\n" for r in got)
+    written = b"".join(
+        encode_frame(reading_to_frame(r, f.t, phase=f.phase))
+        for r, f in zip(got, frames, strict=True)
+    )
+    assert hashlib.sha256(encoded).hexdigest()[:16] == "52458104f28271ba"
+    assert hashlib.sha256(written).hexdigest()[:16] == "77428d1f4f73d1ac"

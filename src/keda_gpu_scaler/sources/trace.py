@@ -9,6 +9,9 @@ Fields (all but ``t`` optional; absent means "no reading"): ``t`` seconds since 
 ``any_tensor_util``, ``dram_bw_util`` in percent. A bare ``NaN`` is read as no reading.
 Frames of several GPUs share a ``t``.
 
+A frame is a :class:`GpuReading`'s wire form: the same fields, renamed by one table
+(``_TRACE_NAMES``, ``_GPM_NAMES``) that msgspec applies both ways. Only memory is converted.
+
 MIG (written by :mod:`keda_gpu_scaler.sources.recorder`, optional): ``mig_enabled`` true on
 a GPU that its instances stand for; on an instance, ``uuid`` is its ``MIG-...`` UUID,
 ``index`` and ``parent_index`` its GPU's index, plus ``parent_uuid``, ``gpu_instance_id``
@@ -21,6 +24,7 @@ import itertools
 import re
 import statistics
 from collections.abc import Iterable
+from typing import Any
 
 import msgspec
 
@@ -30,30 +34,52 @@ from keda_gpu_scaler.domain.samples import DeviceKey, GpuReading, finite_or_none
 _BARE_NON_FINITE = re.compile(r"(?<=[:\[,])(\s*)(?:NaN|-?Infinity)(?=\s*[,\]}])")
 
 
-class GpmFrame(msgspec.Struct, frozen=True, omit_defaults=True):
-    sm_util: float | None = None
+_TRACE_NAMES = {
+    "gpu_utilization": "util_gpu",
+    "memory_utilization": "util_mem",
+    "memory_used_bytes": "mem_used",
+    "memory_total_bytes": "mem_total",
+    "memory_reserved_bytes": "mem_reserved",
+    "temperature_c": "temp_c",
+    "sm_clock_mhz": "clock_sm",
+    "pcie_tx_kbps": "pcie_tx_kbs",
+    "pcie_rx_kbps": "pcie_rx_kbs",
+}
+""":class:`GpuReading` field -> its name in a trace (the names of the H200 capture, so old
+recordings keep loading); a field not listed keeps its name."""
+_GPM_NAMES = {"sm_active": "sm_util", "tensor_active": "any_tensor_util"}
+
+
+class GpmFrame(msgspec.Struct, frozen=True, omit_defaults=True, rename=_GPM_NAMES):
+    """The GPM fields of a :class:`GpuReading`, nested under ``gpm`` in a trace."""
+
+    sm_active: float | None = None
     sm_occupancy: float | None = None
-    any_tensor_util: float | None = None
+    tensor_active: float | None = None
     dram_bw_util: float | None = None
 
 
-class TraceFrame(msgspec.Struct, frozen=True, omit_defaults=True):
+class TraceFrame(msgspec.Struct, frozen=True, omit_defaults=True, rename=_TRACE_NAMES):
+    """A :class:`GpuReading`'s wire form in a trace: its fields under the trace's names, GPM
+    nested, and ``t``/``phase`` instead of the sample's source, key and clock."""
+
     t: float
     phase: str | None = None
     index: int = 0
     uuid: str | None = None
     name: str | None = None
-    util_gpu: float | None = None
-    util_mem: float | None = None
-    mem_used: int | None = None
-    mem_total: int | None = None
-    mem_reserved: int | None = None
-    temp_c: float | None = None
+    gpu_utilization: float | None = None
+    memory_utilization: float | None = None
+    memory_used_bytes: int | None = None
+    """As written by memory info v2: without ``memory_reserved_bytes`` when that is known."""
+    memory_total_bytes: int | None = None
+    memory_reserved_bytes: int | None = None
+    temperature_c: float | None = None
     power_mw: float | None = None
     power_limit_mw: float | None = None
-    clock_sm: float | None = None
-    pcie_tx_kbs: float | None = None
-    pcie_rx_kbs: float | None = None
+    sm_clock_mhz: float | None = None
+    pcie_tx_kbps: float | None = None
+    pcie_rx_kbps: float | None = None
     nvlink_tx_mbps: float | None = None
     nvlink_rx_mbps: float | None = None
     gpm: GpmFrame | None = None
@@ -62,6 +88,15 @@ class TraceFrame(msgspec.Struct, frozen=True, omit_defaults=True):
     parent_uuid: str | None = None
     gpu_instance_id: int | None = None
     compute_instance_id: int | None = None
+
+
+_SHARED = tuple(
+    f
+    for f in TraceFrame.__struct_fields__
+    if f in GpuReading.__struct_fields__ and f not in {"uuid", "name"}
+)
+"""The fields a frame and a reading share, copied as they are (floats checked finite)."""
+_NO_GPM = GpmFrame()
 
 
 _DECODER = msgspec.json.Decoder(TraceFrame)
@@ -109,81 +144,42 @@ def frame_to_reading(
 ) -> GpuReading:
     uuid = frame.uuid or (identity.uuid if identity else f"GPU-replay-{frame.index}")
     name = frame.name or (identity.name if identity else "replayed GPU")
-    used = frame.mem_used
-    if used is not None and frame.mem_reserved is not None:
-        used += frame.mem_reserved
-    gpm = frame.gpm or GpmFrame()
+    gpm = frame.gpm or _NO_GPM
+    values: dict[str, Any] = {f: _finite(getattr(frame, f)) for f in _SHARED}
+    values.update({f: _finite(getattr(gpm, f)) for f in GpmFrame.__struct_fields__})
+    if frame.memory_used_bytes is not None and frame.memory_reserved_bytes is not None:
+        values["memory_used_bytes"] = frame.memory_used_bytes + frame.memory_reserved_bytes
     return GpuReading(
         source=source,
         key=DeviceKey(uuid),
-        index=frame.index,
         uuid=uuid,
         name=name,
         taken_at=taken_at,
         period_s=period_s,
-        gpu_utilization=finite_or_none(frame.util_gpu),
-        memory_utilization=finite_or_none(frame.util_mem),
-        memory_used_bytes=used,
-        memory_total_bytes=frame.mem_total,
-        memory_reserved_bytes=frame.mem_reserved,
-        temperature_c=finite_or_none(frame.temp_c),
-        power_mw=finite_or_none(frame.power_mw),
-        power_limit_mw=finite_or_none(frame.power_limit_mw),
-        sm_clock_mhz=finite_or_none(frame.clock_sm),
-        pcie_tx_kbps=finite_or_none(frame.pcie_tx_kbs),
-        pcie_rx_kbps=finite_or_none(frame.pcie_rx_kbs),
-        nvlink_tx_mbps=finite_or_none(frame.nvlink_tx_mbps),
-        nvlink_rx_mbps=finite_or_none(frame.nvlink_rx_mbps),
-        sm_active=finite_or_none(gpm.sm_util),
-        sm_occupancy=finite_or_none(gpm.sm_occupancy),
-        tensor_active=finite_or_none(gpm.any_tensor_util),
-        dram_bw_util=finite_or_none(gpm.dram_bw_util),
-        mig_enabled=frame.mig_enabled,
-        parent_index=frame.parent_index,
-        parent_uuid=frame.parent_uuid,
-        gpu_instance_id=frame.gpu_instance_id,
-        compute_instance_id=frame.compute_instance_id,
+        **values,
     )
 
 
 def reading_to_frame(reading: GpuReading, t: float, *, phase: str | None = None) -> TraceFrame:
     """The trace frame of a reading taken ``t`` seconds into a recording.
 
-    Memory is written as v2 does (``mem_used`` without ``mem_reserved``) when the reserved
-    part is known, so :func:`frame_to_reading` gives back the same v1-style used bytes.
+    Memory is written as v2 does (used without the reserved part) when the reserved part is
+    known, so :func:`frame_to_reading` gives back the same v1-style used bytes.
     """
-    used = reading.memory_used_bytes
-    if used is not None and reading.memory_reserved_bytes is not None:
-        used -= reading.memory_reserved_bytes
-    gpm = GpmFrame(
-        sm_util=reading.sm_active,
-        sm_occupancy=reading.sm_occupancy,
-        any_tensor_util=reading.tensor_active,
-        dram_bw_util=reading.dram_bw_util,
-    )
+    values: dict[str, Any] = {f: getattr(reading, f) for f in _SHARED}
+    used, reserved = reading.memory_used_bytes, reading.memory_reserved_bytes
+    if used is not None and reserved is not None:
+        values["memory_used_bytes"] = used - reserved
+    gpm = GpmFrame(**{f: getattr(reading, f) for f in GpmFrame.__struct_fields__})
     return TraceFrame(
         t=round(t, 3),
         phase=phase,
-        index=reading.index,
         uuid=reading.uuid,
         name=reading.name,
-        util_gpu=reading.gpu_utilization,
-        util_mem=reading.memory_utilization,
-        mem_used=used,
-        mem_total=reading.memory_total_bytes,
-        mem_reserved=reading.memory_reserved_bytes,
-        temp_c=reading.temperature_c,
-        power_mw=reading.power_mw,
-        power_limit_mw=reading.power_limit_mw,
-        clock_sm=reading.sm_clock_mhz,
-        pcie_tx_kbs=reading.pcie_tx_kbps,
-        pcie_rx_kbs=reading.pcie_rx_kbps,
-        nvlink_tx_mbps=reading.nvlink_tx_mbps,
-        nvlink_rx_mbps=reading.nvlink_rx_mbps,
-        gpm=None if gpm == GpmFrame() else gpm,
-        mig_enabled=reading.mig_enabled,
-        parent_index=reading.parent_index,
-        parent_uuid=reading.parent_uuid,
-        gpu_instance_id=reading.gpu_instance_id,
-        compute_instance_id=reading.compute_instance_id,
+        gpm=None if gpm == _NO_GPM else gpm,
+        **values,
     )
+
+
+def _finite(value: Any) -> Any:
+    return finite_or_none(value) if isinstance(value, float) else value
