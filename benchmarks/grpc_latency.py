@@ -153,7 +153,7 @@ def _serve_grpcio(pb2_dir: Path) -> None:
 
     import grpc
 
-    pb2, pb2_grpc = _load_pb2(pb2_dir)
+    pb2, pb2_grpc = load_pb2(pb2_dir)
     response = pb2.GetMetricsResponse(
         metricValues=[
             pb2.MetricValue(
@@ -181,7 +181,7 @@ def _serve_grpcio(pb2_dir: Path) -> None:
 # -- grpcio code, generated at run time --------------------------------------------------
 
 
-def _generate_pb2(out: Path) -> None:
+def generate_pb2(out: Path) -> None:
     from grpc_tools import protoc
 
     args = [
@@ -195,7 +195,7 @@ def _generate_pb2(out: Path) -> None:
         raise SystemExit(f"grpc_tools.protoc failed on {PROTO}")
 
 
-def _load_pb2(directory: Path) -> tuple[ModuleType, ModuleType]:
+def load_pb2(directory: Path) -> tuple[ModuleType, ModuleType]:
     if str(directory) not in sys.path:
         sys.path.insert(0, str(directory))
     return (
@@ -334,8 +334,8 @@ def _run(calls: int, rounds: int, warmup: int, json_path: Path, pin: bool) -> No
 
     with tempfile.TemporaryDirectory(prefix="grpc-latency-") as tmp:
         pb2_dir = Path(tmp)
-        _generate_pb2(pb2_dir)
-        pb2, pb2_grpc = _load_pb2(pb2_dir)
+        generate_pb2(pb2_dir)
+        pb2, pb2_grpc = load_pb2(pb2_dir)
         server_cpu = None if pinning is None else pinning[1]
         processes = [(name, _spawn(kind, pb2_dir, uv, server_cpu)) for name, kind, uv in kinds]
         targets: list[Target] = []

@@ -4,8 +4,8 @@ from keda_gpu_scaler.domain.cooldown import (
     CooldownBook,
     CooldownEntry,
     apply_cooldown,
-    cooldown_key,
 )
+from keda_gpu_scaler.domain.decision import TriggerKey
 from keda_gpu_scaler.domain.trigger import parse_trigger
 
 
@@ -53,23 +53,35 @@ def test_keys_separate_objects_and_triggers() -> None:
     spec = parse_trigger({"profile": "training"})
     other = parse_trigger({"profile": "training", "aggregation": "avg"})
     keys = {
-        cooldown_key("ns", "a", spec),
-        cooldown_key("ns", "b", spec),
-        cooldown_key("other", "a", spec),
-        cooldown_key("ns", "a", other),
+        TriggerKey("ns", "a", spec),
+        TriggerKey("ns", "b", spec),
+        TriggerKey("other", "a", spec),
+        TriggerKey("ns", "a", other),
     }
     assert len(keys) == 4
-    assert cooldown_key("ns", "a", spec) == cooldown_key(
+    assert TriggerKey("ns", "a", spec) == TriggerKey(
         "ns", "a", parse_trigger({"profile": "training"})
     )
 
 
 def test_book_forgets_untouched_entries() -> None:
-    book = CooldownBook(forget_after_s=100)
+    book: CooldownBook[TriggerKey] = CooldownBook(forget_after_s=100)
     spec = parse_trigger({})
-    old, new = cooldown_key("ns", "old", spec), cooldown_key("ns", "new", spec)
+    old, new = TriggerKey("ns", "old", spec), TriggerKey("ns", "new", spec)
     book.put(old, CooldownEntry(1, None, touched_at=0))
     book.put(new, CooldownEntry(1, None, touched_at=150))
     assert len(book) == 1
     assert book.get(old) is None
     assert book.get(new) is not None
+
+
+def test_keys_tell_apart_triggers_that_differ_only_in_activation_target_or_cooldown() -> None:
+    base = {"metricType": "power_draw"}
+    variants = [
+        base,
+        {**base, "activationThreshold": "100"},
+        {**base, "targetValue": "300"},
+        {**base, "cooldownSeconds": "10"},
+    ]
+    keys = {TriggerKey("ns", "so", parse_trigger(v)) for v in variants}
+    assert len(keys) == len(variants)

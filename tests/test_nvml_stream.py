@@ -7,14 +7,11 @@ import anyio
 import pytest
 import trio.testing
 
-from keda_gpu_scaler.domain.samples import Sample
-from keda_gpu_scaler.pipeline.aggregator import Aggregator
-from keda_gpu_scaler.pipeline.hub import SnapshotHub
 from keda_gpu_scaler.serving._proto.externalscaler import ScaledObjectRef
 from keda_gpu_scaler.serving.service import ExternalScalerService
 from keda_gpu_scaler.sources.nvml import FakeNvml, NvmlSampler
 from keda_gpu_scaler.sources.nvml.backend import Utilization
-from keda_gpu_scaler.testing import inline
+from keda_gpu_scaler.testing import inline, open_test_service
 
 
 @pytest.mark.trio
@@ -22,8 +19,6 @@ async def test_lost_gpu_during_a_stream(autojump_clock: trio.testing.MockClock) 
     nvml = FakeNvml.h200(2, clock=anyio.current_time, sleep=lambda _: None)
     nvml.gpus[1].utilization = Utilization(gpu=90, memory=10)
     sampler = NvmlSampler(nvml, interval_s=1.0, pcie_interval_s=None, call_in_thread=inline)
-    hub = SnapshotHub()
-    send, receive = anyio.create_memory_object_stream[Sample](64)
     got: list[tuple[float, bool]] = []
     ref = ScaledObjectRef(
         name="so",
@@ -40,11 +35,10 @@ async def test_lost_gpu_during_a_stream(autojump_clock: trio.testing.MockClock) 
         async for message in service.stream_is_active(ref):
             got.append((anyio.current_time() - start, message.result))
 
-    async with anyio.create_task_group() as tg:
-        await tg.start(Aggregator(receive, hub).run)
-        await tg.start(sampler.run, send)
+    async with open_test_service(sampler) as served, anyio.create_task_group() as tg:
+        hub = served.pipeline.hub
         start = anyio.current_time()
-        tg.start_soon(stream, ExternalScalerService(hub))
+        tg.start_soon(stream, served.service)
         await anyio.sleep_until(start + 2.5)
         nvml.lose(1)  # from the cycle at 3: GpuIsLost on every call
         await anyio.sleep_until(start + 9.5)

@@ -173,17 +173,18 @@ async def test_tap_streams_samples_and_decisions_with_filters(scaler: RunningSca
     assert (event["value"], event["target"]) == (87.0, 75.0)
     assert event["why"].startswith("gpu_utilization max of [GPU 0=87, GPU 1=3] = 87")
     # Both readers left: their subscriptions are released without another event to send.
-    await wait_until(lambda: scaler.tap.statistics()[0] == 0)
+    await wait_until(lambda: scaler.tap.subscribers == 0)
 
 
 async def test_cycle_duration_and_tap_series_move() -> None:
     from keda_gpu_scaler.domain.samples import Batch
     from keda_gpu_scaler.pipeline.hub import SnapshotHub
     from keda_gpu_scaler.pipeline.tap import Tap, TapDecision
-    from keda_gpu_scaler.serving.observability import DecisionLog, SelfMetrics
+    from keda_gpu_scaler.serving.observability import SelfMetrics
 
     tap = Tap(max_buffer=1)
-    metrics = SelfMetrics(SnapshotHub(), DecisionLog(tap), tap=tap)
+    metrics = SelfMetrics(tap)
+    metrics.read_live(lambda: SnapshotHub().current, lambda: 0)
 
     def series(name: str, **labels: str) -> float | None:
         samples: Samples = {}
@@ -193,7 +194,7 @@ async def test_cycle_duration_and_tap_series_move() -> None:
         return _value(samples, name, **labels)
 
     assert series("keda_gpu_scaler_sampler_cycle_duration_seconds_count", source="nvml") is None
-    metrics.observe_samples([Batch(source="nvml", samples=(), cycle_s=0.0013)])
+    metrics.folded([Batch(source="nvml", samples=(), cycle_s=0.0013)])
     assert series("keda_gpu_scaler_sampler_cycle_duration_seconds_count", source="nvml") == 1
     assert (
         series("keda_gpu_scaler_sampler_cycle_duration_seconds_bucket", source="nvml", le="0.0025")

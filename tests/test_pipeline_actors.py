@@ -7,8 +7,8 @@ import pytest
 from anyio.streams.memory import MemoryObjectSendStream
 from trio.testing import MockClock
 
-from keda_gpu_scaler.domain.cooldown import CooldownBook, cooldown_key
-from keda_gpu_scaler.domain.decision import Decision, decide
+from keda_gpu_scaler.domain.cooldown import CooldownBook
+from keda_gpu_scaler.domain.decision import Decision, TriggerKey, decide
 from keda_gpu_scaler.domain.errors import NoData
 from keda_gpu_scaler.domain.samples import Sample
 from keda_gpu_scaler.domain.trigger import parse_trigger
@@ -96,7 +96,8 @@ async def test_reading_goes_stale_after_three_periods(autojump_clock: MockClock)
 async def test_sixty_second_cooldown_in_virtual_time(autojump_clock: MockClock) -> None:
     source = FakeGpuSource(1, period_s=1.0)
     spec = parse_trigger({"cooldownSeconds": "60"})
-    book, key = CooldownBook(), cooldown_key("ns", "so", spec)
+    book: CooldownBook[TriggerKey] = CooldownBook()
+    key = TriggerKey("ns", "so", spec)
 
     def served() -> float:
         decision = decide(spec, hub.current, book.get(key), anyio.current_time())

@@ -18,6 +18,7 @@ from keda_gpu_scaler.pipeline.state import fold
 from keda_gpu_scaler.serving._proto.externalscaler import GetMetricsRequest, ScaledObjectRef
 from keda_gpu_scaler.serving.service import ExternalScalerService
 from keda_gpu_scaler.sources.fake import FakeGpuSource
+from keda_gpu_scaler.testing import unary_service
 
 INT64_MAX = 2**63 - 1
 INTERESTING = [
@@ -67,7 +68,7 @@ def _service_with_readings() -> ExternalScalerService:
     source.set(1, gpu_utilization=0.0, memory_used_bytes=0, memory_total_bytes=8 << 30)
     hub = SnapshotHub()
     hub.publish(fold(hub.current, source.readings(anyio.current_time()), anyio.current_time()))
-    return ExternalScalerService(hub)
+    return unary_service(hub)
 
 
 async def _answers(metadata: dict[str, str]) -> None:

@@ -9,26 +9,18 @@ import anyio
 import pytest
 from trio.testing import MockClock
 
-from keda_gpu_scaler.domain.samples import Sample
-from keda_gpu_scaler.pipeline.aggregator import Aggregator
-from keda_gpu_scaler.pipeline.hub import SnapshotHub
-from keda_gpu_scaler.serving._proto.externalscaler import ScaledObjectRef
+from keda_gpu_scaler.serving._proto.externalscaler import GetMetricsRequest, ScaledObjectRef
 from keda_gpu_scaler.serving.service import ExternalScalerService
 from keda_gpu_scaler.sources.fake import FakeGpuSource
+from keda_gpu_scaler.testing import open_test_service
 
 Messages = list[tuple[float, bool]]
 
 
 @asynccontextmanager
 async def _served(source: FakeGpuSource) -> AsyncIterator[ExternalScalerService]:
-    hub = SnapshotHub()
-    send, receive = anyio.create_memory_object_stream[Sample](64)
-    async with anyio.create_task_group() as tg:
-        await tg.start(Aggregator(receive, hub).run)
-        await tg.start(source.run, send)
-        await hub.wait_newer(0)
-        yield ExternalScalerService(hub)
-        tg.cancel_scope.cancel()
+    async with open_test_service(source) as served:
+        yield served.service
 
 
 async def _collect(
@@ -96,16 +88,16 @@ async def test_shutdown_ends_streams_cleanly(autojump_clock: MockClock) -> None:
     source = FakeGpuSource(1, period_s=1.0)
     source.set(0, gpu_utilization=50.0)
     got: Messages = []
-    async with _served(source) as service:
+    async with open_test_service(source) as served:
         async with anyio.create_task_group() as tg:
             for _ in range(3):
-                tg.start_soon(_collect, service, {}, got)
+                tg.start_soon(_collect, served.service, {}, got)
             await anyio.sleep(1.5)
-            assert service.open_streams == 3
-            service.begin_shutdown()
+            assert served.streams.open_streams == 3
+            served.streams.begin_shutdown()
             with anyio.fail_after(0.001):
-                await service.wait_streams_ended()
-        assert service.open_streams == 0
+                await served.streams.wait_streams_ended()
+        assert served.streams.open_streams == 0
     assert len(got) == 3
 
 
@@ -113,7 +105,34 @@ async def test_shutdown_ends_streams_cleanly(autojump_clock: MockClock) -> None:
 async def test_cancelled_stream_releases_its_slot(autojump_clock: MockClock) -> None:
     source = FakeGpuSource(1, period_s=1.0)
     source.set(0, gpu_utilization=50.0)
-    async with _served(source) as service:
+    async with open_test_service(source) as served:
         with anyio.move_on_after(3):
-            await _collect(service, {}, [])
-        assert service.open_streams == 0
+            await _collect(served.service, {}, [])
+        assert served.streams.open_streams == 0
+
+
+@pytest.mark.trio
+async def test_two_triggers_of_one_object_keep_their_own_cooldown(
+    autojump_clock: MockClock,
+) -> None:
+    # Two power_draw triggers of one ScaledObject, different only in their activation: each
+    # holds its own value back, never the other's.
+    source = FakeGpuSource(1, period_s=1.0)
+    source.set(0, power_mw=300_000.0)
+    low = {"metricType": "power_draw", "activationThreshold": "50", "cooldownSeconds": "60"}
+    high = {**low, "activationThreshold": "250"}
+
+    async def value(service: ExternalScalerService, metadata: dict[str, str]) -> float:
+        ref = ScaledObjectRef(name="so", namespace="ns", scaler_metadata=metadata)
+        request = GetMetricsRequest(scaled_object_ref=ref, metric_name="m")
+        return (await service.get_metrics(request)).metric_values[0].metric_value_float
+
+    async with open_test_service(source) as served:
+        assert await value(served.service, low) == 300.0
+        source.set(0, power_mw=200_000.0)
+        await anyio.sleep(1.5)
+        assert await value(served.service, low) == 200.0  # a decrease: its window starts
+        source.set(0, power_mw=100_000.0)
+        await anyio.sleep(1.0)
+        assert await value(served.service, low) == 200.0  # held back within the window
+        assert await value(served.service, high) == 100.0  # its own first value, not 200

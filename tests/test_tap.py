@@ -41,8 +41,8 @@ def _decision(trigger: str = "ns/a", metric: str = "m") -> TapDecision:
 
 def test_publishing_without_readers_does_nothing() -> None:
     tap = Tap()
-    tap.publish_samples([Batch(source="nvml", samples=(_reading(0),))])
-    assert tap.statistics() == (0, 0)
+    tap.folded([Batch(source="nvml", samples=(_reading(0),))])
+    assert (tap.subscribers, tap.dropped) == (0, 0)
 
 
 def test_a_stuck_reader_loses_events_and_they_are_counted() -> None:
@@ -51,7 +51,7 @@ def test_a_stuck_reader_loses_events_and_they_are_counted() -> None:
     for _ in range(1000):
         tap.publish(_decision())
     assert stuck.dropped == 990
-    assert tap.statistics() == (1, 990)
+    assert (tap.subscribers, tap.dropped) == (1, 990)
 
 
 @pytest.mark.parametrize(
@@ -92,11 +92,11 @@ async def test_reader_gets_json_lines_in_order(autojump_clock: MockClock) -> Non
     async with anyio.create_task_group() as tg:
         tg.start_soon(read)
         await anyio.sleep(1)
-        tap.publish_samples([Batch(source="nvml", samples=(_reading(0), _reading(1)))])
+        tap.folded([Batch(source="nvml", samples=(_reading(0), _reading(1)))])
         tap.publish(_decision())
     assert [(e["type"], e.get("index")) for e in got] == [
         ("gpu", 0),
         ("gpu", 1),
         ("decision", None),
     ]
-    assert tap.statistics() == (0, 0)  # the reader returned: unsubscribed
+    assert (tap.subscribers, tap.dropped) == (0, 0)  # the reader returned: unsubscribed

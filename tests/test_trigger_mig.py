@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from keda_gpu_scaler.domain.catalog import CATALOG, MetricType
-from keda_gpu_scaler.domain.cooldown import cooldown_key
+from keda_gpu_scaler.domain.decision import TriggerKey
 from keda_gpu_scaler.domain.errors import InvalidTrigger
 from keda_gpu_scaler.domain.profiles import PROFILES
 from keda_gpu_scaler.domain.samples import DeviceKey, GpuReading
@@ -64,10 +64,10 @@ def test_a_typo_of_mig_instance_is_warned() -> None:
 
 
 def test_cooldown_state_is_per_instance() -> None:
-    a = cooldown_key("ns", "so", parse_trigger({"migInstance": "0:7"}))
-    b = cooldown_key("ns", "so", parse_trigger({"migInstance": "0:8"}))
+    a = TriggerKey("ns", "so", parse_trigger({"migInstance": "0:7"}))
+    b = TriggerKey("ns", "so", parse_trigger({"migInstance": "0:8"}))
     assert a != b
-    assert a.mig_instance == "0:7"
+    assert str(a.spec.mig_instance) == "0:7"
 
 
 def _instance(**fields: int | str | None) -> GpuReading:

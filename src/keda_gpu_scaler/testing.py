@@ -9,24 +9,37 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator, Callable, Iterable
 from contextlib import asynccontextmanager
+from dataclasses import dataclass
 from typing import TypeVar
 
 import anyio
 
 from keda_gpu_scaler.app.compose import RunningPipeline, open_pipeline
+from keda_gpu_scaler.domain.decision import Measurement
+from keda_gpu_scaler.domain.decision import measure as real_measure
 from keda_gpu_scaler.domain.samples import GpuReading, Sample, SourceFault, unbatch
 from keda_gpu_scaler.domain.snapshot import EMPTY_SNAPSHOT, Snapshot
+from keda_gpu_scaler.domain.trigger import TriggerSpec
+from keda_gpu_scaler.pipeline.hub import SnapshotHub
 from keda_gpu_scaler.pipeline.state import fold
 from keda_gpu_scaler.pipeline.supervisor import Sampler
+from keda_gpu_scaler.serving.decider import Decider, Measure
+from keda_gpu_scaler.serving.service import ExternalScalerService
+from keda_gpu_scaler.serving.streams import StreamRegistry
+from keda_gpu_scaler.serving.telemetry import NoTelemetry, Telemetry
 
 __all__ = [
+    "CountingMeasure",
+    "TestService",
     "collect_samples",
     "faults",
     "flatten",
     "inline",
     "open_test_pipeline",
+    "open_test_service",
     "readings",
     "snapshot_after",
+    "unary_service",
 ]
 
 _T = TypeVar("_T")
@@ -41,6 +54,57 @@ async def open_test_pipeline(
         if wait_first_snapshot:
             await pipeline.hub.wait_newer(0)
         yield pipeline
+
+
+@dataclass(frozen=True, slots=True)
+class TestService:
+    """The servicer as the scaler wires it, without the network."""
+
+    service: ExternalScalerService
+    streams: StreamRegistry
+    decider: Decider
+    pipeline: RunningPipeline
+
+
+@asynccontextmanager
+async def open_test_service(
+    source: Sampler,
+    *,
+    telemetry: Telemetry | None = None,
+    measure: Measure | None = None,
+) -> AsyncIterator[TestService]:
+    """``source`` through the real pipeline to a servicer with a running stream registry;
+    waits for the first snapshot."""
+    telemetry = telemetry or NoTelemetry()
+    async with (
+        open_test_pipeline(source, wait_first_snapshot=True) as pipeline,
+        anyio.create_task_group() as tg,
+    ):
+        decider = Decider(pipeline.hub, telemetry=telemetry, measure=measure or real_measure)
+        streams = StreamRegistry(pipeline.hub, decider)
+        await tg.start(streams.run)
+        yield TestService(
+            ExternalScalerService(decider, streams, telemetry), streams, decider, pipeline
+        )
+        tg.cancel_scope.cancel()
+
+
+def unary_service(hub: SnapshotHub) -> ExternalScalerService:
+    """A servicer answering unary calls from ``hub`` (no stream driver runs)."""
+    decider = Decider(hub)
+    return ExternalScalerService(decider, StreamRegistry(hub, decider), NoTelemetry())
+
+
+class CountingMeasure:
+    """The real :func:`~keda_gpu_scaler.domain.decision.measure`, counting its calls."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[TriggerSpec, int]] = []
+        """(spec, snapshot version) of every evaluation."""
+
+    def __call__(self, spec: TriggerSpec, snapshot: Snapshot, now: float) -> Measurement:
+        self.calls.append((spec, snapshot.version))
+        return real_measure(spec, snapshot, now)
 
 
 def snapshot_after(samples: Iterable[Sample], now: float) -> Snapshot:

@@ -18,16 +18,19 @@ from anyio.streams.memory import MemoryObjectSendStream
 from keda_gpu_scaler.domain.engines import EngineTarget
 from keda_gpu_scaler.domain.errors import SourceUnavailable
 from keda_gpu_scaler.domain.samples import Sample
-from keda_gpu_scaler.pipeline.aggregator import Aggregator, SampleObserver
+from keda_gpu_scaler.pipeline.aggregator import Aggregator, FoldObserver
 from keda_gpu_scaler.pipeline.engines import EngineSubscriptions
 from keda_gpu_scaler.pipeline.hub import SnapshotHub
 from keda_gpu_scaler.pipeline.supervisor import Sampler, supervise
 from keda_gpu_scaler.pipeline.tap import Tap
+from keda_gpu_scaler.serving.decider import Decider
 from keda_gpu_scaler.serving.http import HttpServer, Route
-from keda_gpu_scaler.serving.observability import DecisionLog, SelfMetrics
-from keda_gpu_scaler.serving.probes import Readiness, grpc_health, metrics_routes, probe_routes
+from keda_gpu_scaler.serving.observability import SelfMetrics
+from keda_gpu_scaler.serving.probes import Readiness, grpc_health
+from keda_gpu_scaler.serving.routes import metrics_routes, probe_routes
 from keda_gpu_scaler.serving.server import DEFAULT_MAX_CONCURRENT_STREAMS, ScalerServer
 from keda_gpu_scaler.serving.service import ExternalScalerService
+from keda_gpu_scaler.serving.streams import StreamRegistry
 from keda_gpu_scaler.sources.engines.http import (
     EngineScraper,
     Resolver,
@@ -90,6 +93,7 @@ class RunningScaler:
     port: int
     hub: SnapshotHub
     service: ExternalScalerService
+    streams: StreamRegistry
     aggregator: Aggregator
     source: Sampler
     tap: Tap
@@ -112,7 +116,7 @@ class RunningPipeline:
 
 @asynccontextmanager
 async def open_pipeline(
-    source: Sampler, *, hub: SnapshotHub | None = None, observers: Sequence[SampleObserver] = ()
+    source: Sampler, *, hub: SnapshotHub | None = None, observers: Sequence[FoldObserver] = ()
 ) -> AsyncIterator[RunningPipeline]:
     """A supervised source feeding the aggregator; everything stops on exit."""
     hub = hub or SnapshotHub()
@@ -148,12 +152,10 @@ async def open_scaler(
     engine = engine_options or EngineOptions()
     hub = SnapshotHub()
     tap = Tap()
-    decisions = DecisionLog(tap)
-    metrics = SelfMetrics(hub, decisions, open_streams=lambda: service.open_streams, tap=tap)
-    observers = [tap.publish_samples, metrics.observe_samples]
+    metrics = SelfMetrics(tap)
     async with (
         engine.client() as http_client,
-        open_pipeline(source, hub=hub, observers=observers) as pipeline,
+        open_pipeline(source, hub=hub, observers=[tap, metrics]) as pipeline,
         anyio.create_task_group() as background,
     ):
         scraper = EngineScraper(http_client, policy=engine.policy, resolve=engine.resolve)
@@ -165,18 +167,23 @@ async def open_scaler(
             first_sample_timeout_s=engine.first_sample_timeout_s,
         )
         await background.start(engines.run)
-        service = ExternalScalerService(
-            hub, decisions=decisions, rpc_observer=metrics.observe_rpc, engines=engines
-        )
-        readiness = Readiness(pipeline.hub)
+        decider = Decider(hub, telemetry=metrics, engines=engines)
+        streams = StreamRegistry(hub, decider)
+        await background.start(streams.run)
+        service = ExternalScalerService(decider, streams, metrics)
+        metrics.read_live(lambda: hub.current, lambda: streams.open_streams)
+        readiness = Readiness(hub)
         health = grpc_health(service, readiness, interval_s=health_check_interval_s)
         server = ScalerServer(
-            service, extra_handlers=[health], max_concurrent_streams=max_concurrent_streams
+            service,
+            streams,
+            extra_handlers=[health],
+            max_concurrent_streams=max_concurrent_streams,
         )
         bound = await server.start(host, port, ssl=ssl)
         try:
             async with anyio.create_task_group() as http:
-                ports = await _start_http(
+                metrics_port, probe_port = await _start_http(
                     http,
                     host,
                     metrics_port,
@@ -185,15 +192,17 @@ async def open_scaler(
                     probe_routes(readiness),
                 )
                 yield RunningScaler(
-                    bound,
-                    pipeline.hub,
-                    service,
-                    pipeline.aggregator,
-                    source,
-                    tap,
-                    metrics,
-                    engines,
-                    *ports,
+                    port=bound,
+                    hub=hub,
+                    service=service,
+                    streams=streams,
+                    aggregator=pipeline.aggregator,
+                    source=source,
+                    tap=tap,
+                    metrics=metrics,
+                    engines=engines,
+                    metrics_port=metrics_port,
+                    probe_port=probe_port,
                 )
                 http.cancel_scope.cancel()
         finally:

@@ -6,46 +6,18 @@
   (higher) value;
 - otherwise the lower value is let through, stored, and the window starts now.
 
-Unlike the Go project, the key holds the ScaledObject's namespace and name too, so two
-objects (or two triggers of one object) never share a baseline.
+Unlike the Go project, entries are kept per trigger of each ScaledObject (the caller's key:
+namespace, name and the whole trigger), so two objects, or two triggers of one object, never
+share a baseline.
 """
 
 from __future__ import annotations
 
+from collections.abc import Hashable
 from dataclasses import dataclass
+from typing import Generic, TypeVar
 
-import msgspec
-
-from keda_gpu_scaler.domain.trigger import TriggerSpec
-
-
-class CooldownKey(msgspec.Struct, frozen=True):
-    namespace: str
-    name: str
-    metric_name: str
-    metric_type: str
-    aggregation: str
-    gpu_index: int
-    vllm_endpoint: str | None
-    triton_endpoint: str | None
-    mig_instance: str | None = None
-    engine: str | None = None
-    """The engine sampler read (kind, discovery, URL), for the engine metric types."""
-
-
-def cooldown_key(namespace: str, name: str, spec: TriggerSpec) -> CooldownKey:
-    return CooldownKey(
-        namespace,
-        name,
-        spec.metric_name,
-        spec.metric_type.value,
-        spec.aggregation.value,
-        spec.gpu_index,
-        spec.vllm_endpoint,
-        spec.triton_endpoint,
-        None if spec.mig_instance is None else str(spec.mig_instance),
-        None if (target := spec.engine_target) is None else target.source,
-    )
+K = TypeVar("K", bound=Hashable)
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,21 +51,21 @@ def apply_cooldown(
     return CooldownOutcome(raw, False, CooldownEntry(raw, now, now))
 
 
-class CooldownBook:
-    """Cooldown entries per trigger; entries untouched for ``forget_after_s`` are dropped."""
+class CooldownBook(Generic[K]):
+    """Cooldown entries by key; entries untouched for ``forget_after_s`` are dropped."""
 
     def __init__(self, *, forget_after_s: float = 3600.0) -> None:
-        self._entries: dict[CooldownKey, CooldownEntry] = {}
+        self._entries: dict[K, CooldownEntry] = {}
         self._forget_after_s = forget_after_s
         self._last_prune = 0.0
 
     def __len__(self) -> int:
         return len(self._entries)
 
-    def get(self, key: CooldownKey) -> CooldownEntry | None:
+    def get(self, key: K) -> CooldownEntry | None:
         return self._entries.get(key)
 
-    def put(self, key: CooldownKey, entry: CooldownEntry) -> None:
+    def put(self, key: K, entry: CooldownEntry) -> None:
         self._entries[key] = entry
         if entry.touched_at - self._last_prune > self._forget_after_s:
             self._prune(entry.touched_at)

@@ -1,15 +1,43 @@
-"""Decisions: ``(trigger spec, snapshot, cooldown entry, now) -> value, activity, explanation``."""
+"""Decisions: ``(trigger spec, snapshot, cooldown entry, now) -> value, activity, explanation``.
+
+A decision has two halves. :func:`measure` depends on the trigger spec and the snapshot only,
+so one measurement serves every caller with that spec until the snapshot changes or a
+reading it used goes stale (``fresh_until``). :func:`judge` then applies one ScaledObject's
+cooldown entry and the activation threshold: cheap, and per caller.
+"""
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from keda_gpu_scaler.domain.aggregation import aggregate
 from keda_gpu_scaler.domain.catalog import CATALOG, MetricInfo
 from keda_gpu_scaler.domain.cooldown import CooldownEntry, CooldownOutcome, apply_cooldown
 from keda_gpu_scaler.domain.errors import InvalidTrigger, NoData
-from keda_gpu_scaler.domain.snapshot import STALE_AFTER_PERIODS, DeviceState, Snapshot
+from keda_gpu_scaler.domain.snapshot import (
+    STALE_AFTER_PERIODS,
+    DeviceState,
+    Snapshot,
+    stale_limit_s,
+)
 from keda_gpu_scaler.domain.trigger import MigSelector, TriggerSpec
+
+
+class TriggerKey(NamedTuple):
+    """One trigger of one ScaledObject: whose cooldown entry a decision reads and writes.
+
+    The whole spec is part of it, so two triggers of one object that differ in anything
+    (target, activation, cooldown, the metric) never share an entry.
+    """
+
+    namespace: str
+    name: str
+    spec: TriggerSpec
+
+    def __str__(self) -> str:
+        return f"{self.namespace}/{self.name}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -20,6 +48,10 @@ class Measurement:
     unsupported: tuple[int, ...] = ()
     labels: tuple[str, ...] = ()
     """Who each part came from: ``GPU 0``, or ``MIG 0:7`` (GPU 0, GPU instance 7)."""
+    unsupported_labels: tuple[str, ...] = ()
+    """Who could not read the metric, labelled like ``labels``."""
+    fresh_until: float = math.inf
+    """When the oldest reading used goes stale: the measurement holds until then."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,10 +125,10 @@ def _check_fresh(device: DeviceState, now: float) -> None:
     if reading is None:
         raise NoData(f"{_label(device)} ({device.key}) has no reading yet")
     if device.is_stale(now):
-        limit = STALE_AFTER_PERIODS * reading.period_s
+        limit = stale_limit_s(reading.period_s)
         raise NoData(
             f"{_label(device)} reading is stale: {now - reading.taken_at:.1f} s old "
-            f"(limit {limit:g} s, {STALE_AFTER_PERIODS} sample periods)"
+            f"(limit {limit:g} s: {STALE_AFTER_PERIODS} sample periods, 1 s at least)"
         )
 
 
@@ -139,8 +171,19 @@ def measure(spec: TriggerSpec, snapshot: Snapshot, now: float) -> Measurement:
         raise NoData(_unsupported_message(spec, info.needs, unsupported))
     value = aggregate(spec.aggregation, [v for _, v in parts])
     return Measurement(
-        value, tuple(parts), tuple(d.index for d in unsupported), labels=tuple(labels)
+        value,
+        tuple(parts),
+        tuple(d.index for d in unsupported),
+        labels=tuple(labels),
+        unsupported_labels=tuple(_label(d) for d in unsupported),
+        fresh_until=min(_fresh_until(d) for d in selected),
     )
+
+
+def _fresh_until(device: DeviceState) -> float:
+    reading = device.reading
+    assert reading is not None  # checked fresh
+    return reading.taken_at + stale_limit_s(reading.period_s)
 
 
 def _measure_engine(
@@ -158,7 +201,7 @@ def _measure_engine(
         key = f"{target.kind.value}Endpoint"
         raise InvalidTrigger(key, target.url, sample.error or "refused")
     age = now - sample.taken_at
-    if age > STALE_AFTER_PERIODS * sample.period_s:
+    if age > stale_limit_s(sample.period_s):
         raise NoData(f"{target.url}: the newest scrape is stale ({age:.1f} s old)")
     if sample.reading is None:
         raise NoData(f"{target.url}: {sample.error}")
@@ -167,7 +210,8 @@ def _measure_engine(
         why = sample.reading.why_absent(info.engine_field) or "not in the payload"
         raise NoData(f"{spec.metric_type} from {target.url}: {why} (no value, not 0)")
     value *= info.scale
-    return Measurement(value, ((-1, value),), labels=(target.url,))
+    fresh_until = sample.taken_at + stale_limit_s(sample.period_s)
+    return Measurement(value, ((-1, value),), labels=(target.url,), fresh_until=fresh_until)
 
 
 def _unsupported_message(spec: TriggerSpec, needs: str | None, devices: list[DeviceState]) -> str:
@@ -179,13 +223,19 @@ def _unsupported_message(spec: TriggerSpec, needs: str | None, devices: list[Dev
     return text if needs is None else f"{text}: it needs {needs}"
 
 
+def judge(
+    spec: TriggerSpec, measured: Measurement, entry: CooldownEntry | None, now: float
+) -> Decision:
+    """Apply scale-down suppression to a measurement, and judge activity (value > activation)."""
+    outcome = apply_cooldown(entry, measured.value, cooldown_s=spec.cooldown_s, now=now)
+    return Decision(spec, measured, outcome, active=outcome.value > spec.activation)
+
+
 def decide(
     spec: TriggerSpec, snapshot: Snapshot, entry: CooldownEntry | None, now: float
 ) -> Decision:
     """Measure, apply scale-down suppression, and judge activity (value > activation)."""
-    measured = measure(spec, snapshot, now)
-    outcome = apply_cooldown(entry, measured.value, cooldown_s=spec.cooldown_s, now=now)
-    return Decision(spec, measured, outcome, active=outcome.value > spec.activation)
+    return judge(spec, measure(spec, snapshot, now), entry, now)
 
 
 def _explain(
@@ -196,8 +246,8 @@ def _explain(
         f"{label}={v:g}" for label, (_, v) in zip(labels, measured.parts, strict=True)
     )
     text = f"{spec.metric_type} {spec.aggregation} of [{parts}] = {measured.value:g}"
-    if measured.unsupported:
-        text += f" (not supported on GPU {', '.join(map(str, measured.unsupported))})"
+    if measured.unsupported_labels:
+        text += f" (not supported on {', '.join(measured.unsupported_labels)})"
     if outcome.held:
         text += f"; cooldown holds {outcome.value:g} for {outcome.remaining_s:.0f} s more"
     verdict = "active" if active else "inactive"

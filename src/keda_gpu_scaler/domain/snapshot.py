@@ -14,7 +14,16 @@ from keda_gpu_scaler.domain.engines import EngineSample
 from keda_gpu_scaler.domain.samples import DeviceKey, GpuReading
 
 STALE_AFTER_PERIODS = 3
-"""A reading older than this many sample periods of its source is stale."""
+"""A reading older than this many sample periods of its source is stale..."""
+MIN_STALE_AFTER_S = 1.0
+"""...and never sooner than this: at 10 Hz three periods are 0.3 s, which a garbage
+collection or a burst of new streams can take from this process without anything being
+wrong with the source."""
+
+
+def stale_limit_s(period_s: float) -> float:
+    """How old a reading of a source sampling every ``period_s`` may be and still count."""
+    return max(STALE_AFTER_PERIODS * period_s, MIN_STALE_AFTER_S)
 
 
 class DeviceState(msgspec.Struct, frozen=True, kw_only=True):
@@ -35,7 +44,7 @@ class DeviceState(msgspec.Struct, frozen=True, kw_only=True):
     def is_stale(self, now: float) -> bool:
         if self.reading is None:
             return True
-        return now - self.reading.taken_at > STALE_AFTER_PERIODS * self.reading.period_s
+        return now - self.reading.taken_at > stale_limit_s(self.reading.period_s)
 
 
 class SourceState(msgspec.Struct, frozen=True, kw_only=True):
@@ -49,6 +58,8 @@ class SourceState(msgspec.Struct, frozen=True, kw_only=True):
     last_sample_at: float | None = None
     fault: str | None = None
     fault_at: float | None = None
+    cycles: int = 0
+    """Sampler cycles folded: a batch, or a reading sent alone."""
     samples: int = 0
     faults: int = 0
 

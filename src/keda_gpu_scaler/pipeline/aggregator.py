@@ -3,14 +3,14 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Sequence
+from typing import Protocol
 
 import anyio
 from anyio.abc import TaskStatus
 from anyio.streams.memory import MemoryObjectReceiveStream
 
-from keda_gpu_scaler.domain.samples import Sample, SourceFault, unbatch
+from keda_gpu_scaler.domain.samples import Sample
 from keda_gpu_scaler.pipeline.hub import SnapshotHub
 from keda_gpu_scaler.pipeline.state import fold
 
@@ -21,18 +21,10 @@ MAX_BATCH = 256
 :class:`Batch`, so a cycle of many GPUs makes one snapshot version, not one per GPU."""
 
 
-@dataclass(frozen=True, slots=True)
-class AggregatorStatistics:
-    samples: int
-    faults: int
-    snapshots: int
-    queued: int
-    last_sample_at: float | None
-
-
-SampleObserver = Callable[[list[Sample]], None]
-"""Told of every batch of samples as it is folded (the debug tap, self-metrics); must not
-block."""
+class FoldObserver(Protocol):
+    def folded(self, batch: list[Sample]) -> None:
+        """Told of every batch of samples as it is folded (the debug tap, self-metrics);
+        must not block."""
 
 
 class Aggregator:
@@ -41,34 +33,20 @@ class Aggregator:
         receive: MemoryObjectReceiveStream[Sample],
         hub: SnapshotHub,
         *,
-        observers: Sequence[SampleObserver] = (),
+        observers: Sequence[FoldObserver] = (),
     ) -> None:
         self._receive = receive
         self._hub = hub
         self._observers = tuple(observers)
-        self._samples = 0
-        self._faults = 0
-        self._last_sample_at: float | None = None
-
-    def statistics(self) -> AggregatorStatistics:
-        return AggregatorStatistics(
-            samples=self._samples,
-            faults=self._faults,
-            snapshots=self._hub.current.version,
-            queued=self._receive.statistics().current_buffer_used,
-            last_sample_at=self._last_sample_at,
-        )
 
     async def run(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
         async with self._receive:
             task_status.started()
             async for first in self._receive:
                 batch = [first, *self._drain()]
-                now = anyio.current_time()
-                self._count(batch, now)
-                self._hub.publish(fold(self._hub.current, batch, now))
-                for observe in self._observers:
-                    observe(batch)
+                self._hub.publish(fold(self._hub.current, batch, anyio.current_time()))
+                for observer in self._observers:
+                    observer.folded(batch)
 
     def _drain(self) -> list[Sample]:
         """Whatever else is already queued, so one sampler cycle makes one snapshot."""
@@ -79,11 +57,3 @@ class Aggregator:
             except (anyio.WouldBlock, anyio.EndOfStream):
                 break
         return batch
-
-    def _count(self, batch: list[Sample], now: float) -> None:
-        for sample in unbatch(batch):
-            if isinstance(sample, SourceFault):
-                self._faults += 1
-            else:
-                self._samples += 1
-        self._last_sample_at = now

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from dataclasses import dataclass
 
 import anyio
 from anyio.abc import TaskGroup, TaskStatus
@@ -27,13 +26,6 @@ log = logging.getLogger(__name__)
 
 
 EngineSamplerFactory = Callable[[EngineTarget], Sampler]
-
-
-@dataclass(frozen=True, slots=True)
-class EngineSubscriptionStatistics:
-    running: int
-    started: int
-    stopped: int
 
 
 class EngineSubscriptions:
@@ -56,11 +48,6 @@ class EngineSubscriptions:
         self._tg: TaskGroup | None = None
         self._scopes: dict[str, anyio.CancelScope] = {}
         self._last_read: dict[str, float] = {}
-        self._started = 0
-        self._stopped = 0
-
-    def statistics(self) -> EngineSubscriptionStatistics:
-        return EngineSubscriptionStatistics(len(self._scopes), self._started, self._stopped)
 
     def running(self) -> list[str]:
         return sorted(self._scopes)
@@ -92,7 +79,6 @@ class EngineSubscriptions:
             raise RuntimeError("EngineSubscriptions.run() has not started")
         scope = anyio.CancelScope()
         self._scopes[target.source] = scope
-        self._started += 1
         sampler = self._factory(target)
         log.info("engine sampler started", extra={"source": target.source})
         self._tg.start_soon(self._supervised, sampler, scope)
@@ -109,7 +95,6 @@ class EngineSubscriptions:
                 continue
             del self._last_read[source]
             self._scopes.pop(source).cancel()
-            self._stopped += 1
             log.info(
                 "engine sampler stopped: unread",
                 extra={"source": source, "idle_s": round(now - last, 1)},

@@ -9,6 +9,7 @@ import msgspec
 
 from keda_gpu_scaler.domain.engines import EngineSample
 from keda_gpu_scaler.domain.samples import (
+    Batch,
     DeviceKey,
     GpuReading,
     Sample,
@@ -24,6 +25,10 @@ def fold(snapshot: Snapshot, samples: Iterable[Sample], now: float) -> Snapshot:
     devices: dict[DeviceKey, DeviceState] = dict(snapshot.devices)
     sources: dict[str, SourceState] = dict(snapshot.sources)
     engines: dict[str, EngineSample] = dict(snapshot.engines)
+    samples = tuple(samples)
+    for item in samples:
+        if isinstance(item, Batch | GpuReading | EngineSample):
+            _count_cycle(sources, item.source)
     for sample in unbatch(samples):
         if isinstance(sample, SourceStopped):
             sources.pop(sample.source, None)
@@ -49,6 +54,11 @@ def fold(snapshot: Snapshot, samples: Iterable[Sample], now: float) -> Snapshot:
         sources=MappingProxyType(sources),
         engines=MappingProxyType(engines),
     )
+
+
+def _count_cycle(sources: dict[str, SourceState], name: str) -> None:
+    source = sources.get(name) or SourceState(name=name)
+    sources[name] = msgspec.structs.replace(source, cycles=source.cycles + 1)
 
 
 def _heard(source: SourceState, at: float, *, fault: str | None = None) -> SourceState:

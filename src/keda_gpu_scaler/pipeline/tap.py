@@ -114,7 +114,7 @@ class Tap:
     def __init__(self, *, max_buffer: int = 1000) -> None:
         self._subscribers: set[TapSubscription] = set()
         self._max_buffer = max_buffer
-        self.dropped_total = 0
+        self._dropped_closed = 0
 
     @property
     def listening(self) -> bool:
@@ -127,9 +127,10 @@ class Tap:
 
     def _unsubscribe(self, subscription: TapSubscription) -> None:
         self._subscribers.discard(subscription)
-        self.dropped_total += subscription.dropped
+        self._dropped_closed += subscription.dropped
 
-    def publish_samples(self, samples: list[Sample]) -> None:
+    def folded(self, samples: list[Sample]) -> None:
+        """Every sample of a folded batch (the aggregator's observer)."""
         if not self._subscribers:
             return
         for sample in samples:
@@ -152,8 +153,11 @@ class Tap:
         for subscription in list(self._subscribers):
             subscription.offer(event, encoded)
 
-    def statistics(self) -> tuple[int, int]:
-        """(subscribers, events dropped so far, closed subscriptions included)."""
-        return len(self._subscribers), self.dropped_total + sum(
-            s.dropped for s in self._subscribers
-        )
+    @property
+    def subscribers(self) -> int:
+        return len(self._subscribers)
+
+    @property
+    def dropped(self) -> int:
+        """Events dropped so far for slow readers, closed subscriptions included."""
+        return self._dropped_closed + sum(s.dropped for s in self._subscribers)

@@ -1,8 +1,9 @@
-"""Self-metrics (Prometheus) and decision observers, fed without touching the hot path.
+"""Self-metrics (Prometheus), fed without touching the hot path.
 
-GPU, source, stream and tap series are read from live objects at scrape time, so they are
-never stale and a GPU that disappears disappears from /metrics. Counters and histograms are
-fed by observers: the aggregator (sampler cycles), the servicer (RPCs and decisions).
+GPU, source (cycles and faults included: the snapshot's counts are the one count), stream
+and tap series are read from live views at scrape time, so they are never stale and a GPU
+that disappears disappears from /metrics. RPC counters and the histograms are fed through
+the :class:`~keda_gpu_scaler.serving.telemetry.Telemetry` protocol.
 """
 
 from __future__ import annotations
@@ -12,14 +13,13 @@ from dataclasses import dataclass
 
 import anyio
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
-from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from keda_gpu_scaler.domain.catalog import CATALOG, Origin
-from keda_gpu_scaler.domain.decision import Decision
-from keda_gpu_scaler.domain.samples import Batch, GpuReading, Sample, SourceFault
-from keda_gpu_scaler.domain.trigger import TriggerSpec
-from keda_gpu_scaler.pipeline.hub import SnapshotHub
+from keda_gpu_scaler.domain.decision import Decision, TriggerKey
+from keda_gpu_scaler.domain.samples import Batch, GpuReading, Sample
+from keda_gpu_scaler.domain.snapshot import Snapshot
 from keda_gpu_scaler.pipeline.tap import Tap, TapDecision
 
 PREFIX = "keda_gpu_scaler"
@@ -43,67 +43,40 @@ class _LastDecision:
     at: float
 
 
-class DecisionLog:
-    """The servicer's observer: per-trigger gauges and the debug tap."""
+class LastDecisions:
+    """The last value and activity served per (trigger, metric), for the trigger gauges."""
 
-    def __init__(self, tap: Tap | None = None) -> None:
-        self._tap = tap
-        self.last: dict[tuple[str, str], _LastDecision] = {}
+    def __init__(self, *, ttl_s: float = DECISION_TTL_S) -> None:
+        self._last: dict[tuple[str, str], _LastDecision] = {}
+        self._ttl_s = ttl_s
 
-    def decided(
-        self, trigger: str, spec: TriggerSpec, rpc: str, decision: Decision, now: float
-    ) -> None:
-        self._record(trigger, spec, rpc, now, decision=decision)
-
-    def failed(self, trigger: str, spec: TriggerSpec, rpc: str, reason: str, now: float) -> None:
-        self._record(trigger, spec, rpc, now, error=reason)
-
-    def _record(
-        self,
-        trigger: str,
-        spec: TriggerSpec,
-        rpc: str,
-        now: float,
-        *,
-        decision: Decision | None = None,
-        error: str | None = None,
-    ) -> None:
+    def record(self, key: TriggerKey, decision: Decision | None, now: float) -> None:
         value = None if decision is None else decision.value
         active = None if decision is None else decision.active
-        self.last[(trigger, spec.metric_name)] = _LastDecision(value, spec.target, active, now)
-        if self._tap is None or not self._tap.listening:
-            return
-        why = decision.explanation if decision is not None else error or ""
-        self._tap.publish(
-            TapDecision(
-                trigger=trigger,
-                metric=spec.metric_name,
-                metric_type=spec.metric_type.value,
-                rpc=rpc,
-                at=now,
-                value=value,
-                target=spec.target,
-                active=active,
-                why=why,
-                error=error,
-            )
+        self._last[(str(key), key.spec.metric_name)] = _LastDecision(
+            value, key.spec.target, active, now
         )
+
+    def live(self, now: float) -> list[tuple[tuple[str, str], _LastDecision]]:
+        """Entries evaluated within the TTL; older ones (a ScaledObject gone) are dropped."""
+        expired = [k for k, last in self._last.items() if now - last.at > self._ttl_s]
+        for k in expired:
+            del self._last[k]
+        return list(self._last.items())
 
 
 class SelfMetrics:
-    def __init__(
-        self,
-        hub: SnapshotHub,
-        decisions: DecisionLog,
-        *,
-        open_streams: Callable[[], int] = lambda: 0,
-        tap: Tap | None = None,
-    ) -> None:
+    """The serving :class:`~keda_gpu_scaler.serving.telemetry.Telemetry`: counters and
+    histograms fed as things happen, the trigger gauges, and the debug tap's decisions.
+
+    Series about live state (GPUs, sources, streams, the tap) are read at scrape time from
+    the read-only views given to :meth:`read_live`.
+    """
+
+    def __init__(self, tap: Tap | None = None) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
-        self._hub = hub
-        self._decisions = decisions
-        self._open_streams = open_streams
         self._tap = tap
+        self.decisions = LastDecisions()
         self.rpc_requests = Counter(
             f"{PREFIX}_grpc_requests",
             "gRPC requests answered, by method and status code",
@@ -117,18 +90,6 @@ class SelfMetrics:
             buckets=_LATENCY_BUCKETS,
             registry=self.registry,
         )
-        self.cycles = Counter(
-            f"{PREFIX}_sampler_cycles",
-            "sampler cycles folded, by source",
-            ["source"],
-            registry=self.registry,
-        )
-        self.errors = Counter(
-            f"{PREFIX}_sampler_errors",
-            "sampler faults (a device or the whole source), by source",
-            ["source"],
-            registry=self.registry,
-        )
         self.cycle_seconds = Histogram(
             f"{PREFIX}_sampler_cycle_duration_seconds",
             "time one sampler cycle took to read",
@@ -138,23 +99,29 @@ class SelfMetrics:
         )
         self._rpc_children: dict[tuple[str, str], Counter] = {}
         self._latency_children: dict[str, Histogram] = {}
-        self.registry.register(_LiveCollector(self))
 
-    def observe_samples(self, batch: list[Sample]) -> None:
+    def read_live(self, snapshot: Callable[[], Snapshot], open_streams: Callable[[], int]) -> None:
+        """Serve the live series from these views (called once, by the composition root)."""
+        self.registry.register(_LiveCollector(snapshot, open_streams, self.decisions, self._tap))
+
+    # -- Telemetry --------------------------------------------------------------------
+
+    def folded(self, batch: list[Sample]) -> None:
         for sample in batch:
-            if isinstance(sample, Batch):
-                self.cycles.labels(sample.source).inc()
-                if sample.cycle_s is not None:
-                    self.cycle_seconds.labels(sample.source).observe(sample.cycle_s)
-                faults = sum(isinstance(s, SourceFault) for s in sample.samples)
-                if faults:
-                    self.errors.labels(sample.source).inc(faults)
-            elif isinstance(sample, SourceFault):
-                self.errors.labels(sample.source).inc()
-            else:
-                self.cycles.labels(sample.source).inc()
+            if isinstance(sample, Batch) and sample.cycle_s is not None:
+                self.cycle_seconds.labels(sample.source).observe(sample.cycle_s)
 
-    def observe_rpc(self, method: str, code: str, seconds: float | None) -> None:
+    def decided(self, key: TriggerKey, rpc: str, decision: Decision, now: float) -> None:
+        self.decisions.record(key, decision, now)
+        if self._tap is not None and self._tap.listening:
+            self._tap.publish(_tap_decision(key, rpc, now, decision.explanation, decision))
+
+    def failed(self, key: TriggerKey, rpc: str, reason: str, now: float) -> None:
+        self.decisions.record(key, None, now)
+        if self._tap is not None and self._tap.listening:
+            self._tap.publish(_tap_decision(key, rpc, now, reason, None, error=reason))
+
+    def answered(self, method: str, code: str, seconds: float | None) -> None:
         # labels() takes a lock and builds a key each call; the children never change.
         counter = self._rpc_children.get((method, code))
         if counter is None:
@@ -170,28 +137,63 @@ class SelfMetrics:
         return generate_latest(self.registry)
 
 
+def _tap_decision(
+    key: TriggerKey,
+    rpc: str,
+    now: float,
+    why: str,
+    decision: Decision | None,
+    *,
+    error: str | None = None,
+) -> TapDecision:
+    spec = key.spec
+    return TapDecision(
+        trigger=str(key),
+        metric=spec.metric_name,
+        metric_type=spec.metric_type.value,
+        rpc=rpc,
+        at=now,
+        value=None if decision is None else decision.value,
+        target=spec.target,
+        active=None if decision is None else decision.active,
+        why=why,
+        error=error,
+    )
+
+
 class _LiveCollector(Collector):
-    def __init__(self, owner: SelfMetrics) -> None:
-        self._owner = owner
+    def __init__(
+        self,
+        snapshot: Callable[[], Snapshot],
+        open_streams: Callable[[], int],
+        decisions: LastDecisions,
+        tap: Tap | None,
+    ) -> None:
+        self._snapshot = snapshot
+        self._open_streams = open_streams
+        self._decisions = decisions
+        self._tap = tap
 
     def describe(self) -> list[Metric]:
         return []
 
     def collect(self) -> Iterator[Metric]:
         now = anyio.current_time()
-        yield from _gpu_families(self._owner._hub, now)
-        yield from _source_families(self._owner._hub, now)
-        yield from _decision_families(self._owner._decisions, now)
+        snapshot = self._snapshot()
+        yield from _gpu_families(snapshot, now)
+        yield from _source_families(snapshot, now)
+        yield from _decision_families(self._decisions, now)
         streams = GaugeMetricFamily(f"{PREFIX}_open_streams", "open StreamIsActive streams")
-        streams.add_metric([], self._owner._open_streams())
+        streams.add_metric([], self._open_streams())
         yield streams
-        if self._owner._tap is not None:
-            subscribers, dropped = self._owner._tap.statistics()
+        if self._tap is not None:
             yield GaugeMetricFamily(
-                f"{PREFIX}_tap_subscribers", "debug tap readers", value=subscribers
+                f"{PREFIX}_tap_subscribers", "debug tap readers", value=self._tap.subscribers
             )
             yield GaugeMetricFamily(
-                f"{PREFIX}_tap_dropped_events", "tap events dropped for slow readers", value=dropped
+                f"{PREFIX}_tap_dropped_events",
+                "tap events dropped for slow readers",
+                value=self._tap.dropped,
             )
 
 
@@ -205,8 +207,8 @@ def _labels(reading: GpuReading) -> list[str]:
     return [str(reading.index), reading.uuid, reading.name, mig]
 
 
-def _gpu_families(hub: SnapshotHub, now: float) -> Iterator[Metric]:
-    devices = hub.current.ordered_devices()
+def _gpu_families(snapshot: Snapshot, now: float) -> Iterator[Metric]:
+    devices = snapshot.ordered_devices()
     count = GaugeMetricFamily(
         f"{PREFIX}_gpu_device_count", "GPUs and MIG instances with a fresh reading"
     )
@@ -237,7 +239,7 @@ def _gpu_families(hub: SnapshotHub, now: float) -> Iterator[Metric]:
         yield family
 
 
-def _source_families(hub: SnapshotHub, now: float) -> Iterator[Metric]:
+def _source_families(snapshot: Snapshot, now: float) -> Iterator[Metric]:
     age = GaugeMetricFamily(
         f"{PREFIX}_source_reading_age_seconds",
         "age of the newest reading, by source",
@@ -248,23 +250,32 @@ def _source_families(hub: SnapshotHub, now: float) -> Iterator[Metric]:
         "1 when the source's last word was a reading, 0 after a failure",
         labels=["source"],
     )
-    for name, state in sorted(hub.current.sources.items()):
+    cycles = CounterMetricFamily(
+        f"{PREFIX}_sampler_cycles", "sampler cycles folded, by source", labels=["source"]
+    )
+    errors = CounterMetricFamily(
+        f"{PREFIX}_sampler_errors",
+        "sampler faults (a device, a scrape or the whole source), by source",
+        labels=["source"],
+    )
+    for name, state in sorted(snapshot.sources.items()):
         if state.last_sample_at is not None:
             age.add_metric([name], now - state.last_sample_at)
         up.add_metric([name], 0.0 if state.fault is not None else 1.0)
+        cycles.add_metric([name], state.cycles)
+        errors.add_metric([name], state.faults)
     yield age
     yield up
+    yield cycles
+    yield errors
 
 
-def _decision_families(log: DecisionLog, now: float) -> Iterator[Metric]:
+def _decision_families(decisions: LastDecisions, now: float) -> Iterator[Metric]:
     labels = ["trigger", "metric"]
     value = GaugeMetricFamily(f"{PREFIX}_trigger_value", "last value served", labels=labels)
     target = GaugeMetricFamily(f"{PREFIX}_trigger_target", "the trigger's target", labels=labels)
     active = GaugeMetricFamily(f"{PREFIX}_trigger_active", "1 when active", labels=labels)
-    for key, last in list(log.last.items()):
-        if now - last.at > DECISION_TTL_S:
-            del log.last[key]
-            continue
+    for key, last in decisions.live(now):
         target.add_metric(list(key), last.target)
         if last.value is not None and last.active is not None:
             value.add_metric(list(key), last.value)

@@ -27,6 +27,7 @@ from h2.connection import H2Connection
 from h2.settings import SettingCodes, Settings
 
 from keda_gpu_scaler.serving.service import ExternalScalerService
+from keda_gpu_scaler.serving.streams import StreamRegistry
 
 log = logging.getLogger(__name__)
 
@@ -129,11 +130,13 @@ class ScalerServer:
     def __init__(
         self,
         service: ExternalScalerService,
+        streams: StreamRegistry,
         *,
         extra_handlers: Collection[Any] = (),
         max_concurrent_streams: int = DEFAULT_MAX_CONCURRENT_STREAMS,
     ) -> None:
         self.service = service
+        self._streams = streams
         self._server = _Server(
             [service, *extra_handlers], max_concurrent_streams=max_concurrent_streams
         )
@@ -159,10 +162,10 @@ class ScalerServer:
         if not self._started:
             return
         self._started = False
-        streams_were_open = self.service.open_streams > 0
-        self.service.begin_shutdown()
+        streams_were_open = self._streams.open_streams > 0
+        self._streams.begin_shutdown()
         with anyio.move_on_after(grace_s):
-            await self.service.wait_streams_ended()
+            await self._streams.wait_streams_ended()
             # A handler that returned has yet to send its trailers (status OK).
             await self._server.wait_requests_done()
         self._server.close()  # stop listening; cancel whatever is still running

@@ -12,6 +12,7 @@ from grpclib.const import Status
 from grpclib.exceptions import GRPCError
 
 from keda_gpu_scaler.domain.errors import InvalidTrigger, NoData
+from keda_gpu_scaler.serving.telemetry import Telemetry
 
 log = logging.getLogger(__name__)
 
@@ -19,11 +20,12 @@ _P = ParamSpec("_P")
 _T = TypeVar("_T")
 
 
-class RpcObserved(Protocol):
-    def observe_rpc(self, method: str, code: str, seconds: float | None) -> None: ...
+class _Told(Protocol):
+    @property
+    def telemetry(self) -> Telemetry: ...
 
 
-_S = TypeVar("_S", bound=RpcObserved)
+_S = TypeVar("_S", bound=_Told)
 _Unary = Callable[Concatenate[_S, _P], Coroutine[Any, Any, _T]]
 _Streaming = Callable[Concatenate[_S, _P], AsyncIterator[_T]]
 
@@ -40,7 +42,7 @@ def to_grpc_error(exc: Exception) -> GRPCError:
 
 
 def unary(method: str) -> Callable[[_Unary[_S, _P, _T]], _Unary[_S, _P, _T]]:
-    """Map errors to status codes and report (method, code, seconds) to the service."""
+    """Map errors to status codes and tell telemetry (method, code, seconds)."""
 
     def decorate(func: _Unary[_S, _P, _T]) -> _Unary[_S, _P, _T]:
         @functools.wraps(func)
@@ -55,7 +57,7 @@ def unary(method: str) -> Callable[[_Unary[_S, _P, _T]], _Unary[_S, _P, _T]]:
                 code = error.status.name
                 raise error from exc
             finally:
-                self.observe_rpc(method, code, time.perf_counter() - started)
+                self.telemetry.answered(method, code, time.perf_counter() - started)
 
         return wrapper
 
@@ -78,7 +80,7 @@ def streaming(method: str) -> Callable[[_Streaming[_S, _P, _T]], _Streaming[_S, 
                 code = error.status.name
                 raise error from exc
             finally:
-                self.observe_rpc(method, code, None)
+                self.telemetry.answered(method, code, None)
 
         return wrapper
 

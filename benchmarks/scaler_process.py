@@ -1,0 +1,155 @@
+"""The scaler in a process of its own, driven over stdin, for the soak and reaction benchmarks.
+
+``python benchmarks/scaler_process.py --source replay|flip`` starts ``open_scaler`` on
+127.0.0.1 (gRPC port 0, no HTTP ports) and prints the bound port. Then it answers one line
+per command on stdin:
+
+- ``cpu``: this process's CPU time in ns (all threads);
+- ``rss``: its resident set size in bytes;
+- ``h2``: the closed-stream entries h2 keeps, summed over open connections;
+- ``flip VALUE`` (``--source flip``): publish a reading of ``VALUE`` % utilization at once
+  and answer the ``time.monotonic()`` of the hand-over to the aggregator's channel.
+
+It stops at end of input. Run it with ``PYTHONPATH=TREE/src`` to serve another checkout (a
+baseline), which is how the benchmarks compare two versions in one run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import gc
+import os
+import sys
+import threading
+import time
+from typing import Any
+
+import anyio
+from anyio.abc import TaskStatus
+from anyio.streams.memory import MemoryObjectSendStream
+
+HOST = "127.0.0.1"
+FLIP_PERIOD_S = 0.5
+"""The flip source repeats its value this often, so it never goes stale."""
+
+
+def _rss_bytes() -> int:
+    with open("/proc/self/statm") as statm:
+        return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+def _closed_streams() -> int:
+    from h2.connection import H2Connection
+
+    return sum(len(o._closed_streams) for o in gc.get_objects() if isinstance(o, H2Connection))
+
+
+class FlipSource:
+    """One GPU whose utilization changes on command; repeats it every ``FLIP_PERIOD_S``."""
+
+    name = "flip"
+
+    def __init__(self) -> None:
+        self.value = 10.0
+        self.wake: anyio.Event = anyio.Event()
+        self.handed: anyio.Event = anyio.Event()
+        """Set once a flipped value is in the aggregator's channel."""
+        self.flipped_at: list[float] = []
+
+    async def run(
+        self,
+        send: MemoryObjectSendStream[Any],
+        *,
+        task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED,
+    ) -> None:
+        from keda_gpu_scaler.domain.samples import Batch, DeviceKey, GpuReading
+
+        async with send:
+            task_status.started()
+            while True:
+                reading = GpuReading(
+                    source=self.name,
+                    key=DeviceKey("GPU-flip-0000"),
+                    index=0,
+                    uuid="GPU-flip-0000",
+                    name="Flip GPU",
+                    taken_at=anyio.current_time(),
+                    period_s=FLIP_PERIOD_S,
+                    gpu_utilization=self.value,
+                )
+                woken = self.wake.is_set()
+                if woken:
+                    self.wake = anyio.Event()
+                    self.flipped_at.append(time.monotonic())
+                await send.send(Batch(source=self.name, samples=(reading,)))
+                if woken:
+                    self.handed.set()
+                    self.handed = anyio.Event()
+                with anyio.move_on_after(FLIP_PERIOD_S):
+                    await self.wake.wait()
+
+
+def _control(loop: asyncio.AbstractEventLoop, flip: FlipSource | None) -> None:
+    for line in sys.stdin:
+        words = line.split()
+        if not words:
+            continue
+        if words[0] == "cpu":
+            answer: object = time.process_time_ns()
+        elif words[0] == "rss":
+            answer = _rss_bytes()
+        elif words[0] == "h2":
+            answer = asyncio.run_coroutine_threadsafe(_on_loop(_closed_streams), loop).result()
+        elif words[0] == "flip" and flip is not None:
+            answer = asyncio.run_coroutine_threadsafe(_flip(flip, float(words[1])), loop).result()
+        else:
+            answer = "?"
+        print(answer, flush=True)
+
+
+async def _on_loop(func: Any) -> Any:
+    return func()
+
+
+async def _flip(flip: FlipSource, value: float) -> float:
+    handed = flip.handed
+    flip.value = value
+    flip.wake.set()
+    await handed.wait()
+    return flip.flipped_at[-1]
+
+
+async def _main(source_name: str) -> None:
+    from keda_gpu_scaler.app.compose import build_source, open_scaler
+
+    flip = FlipSource() if source_name == "flip" else None
+    source: Any = flip if flip is not None else build_source(source_name)
+    async with open_scaler(source, host=HOST, port=0) as running:
+        await running.hub.wait_newer(0)
+        loop = asyncio.get_running_loop()
+        done = asyncio.Event()
+
+        def control() -> None:
+            try:
+                _control(loop, flip)
+            finally:
+                loop.call_soon_threadsafe(done.set)
+
+        print(running.port, flush=True)
+        threading.Thread(target=control, daemon=True, name="control").start()
+        await done.wait()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--source", default="replay", help="replay, replay:PATH, or flip")
+    args = parser.parse_args()
+    from keda_gpu_scaler.app.logs import configure_logging
+
+    configure_logging("warning")
+    anyio.run(_main, args.source, backend="asyncio")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,171 @@
+"""Decisions for the servicer and its streams, shared where they can be.
+
+KEDA sends the same metadata map on every call of a ScaledObject, and hundreds of objects
+often share one map. So, per server:
+
+- metadata is parsed once per distinct map (typo warnings are logged once per ScaledObject,
+  naming it);
+- the measured value of a trigger spec is computed once per snapshot version and shared by
+  every stream and unary call with that spec, until a reading it used goes stale;
+- only the cooldown entry and the activity are per ScaledObject (cheap).
+
+The one wait allowed on a KEDA call path is for a source's very first sample
+(:meth:`Decider.snapshot_for`).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+
+import anyio
+
+from keda_gpu_scaler.domain.cooldown import CooldownBook
+from keda_gpu_scaler.domain.decision import Decision, Measurement, TriggerKey, judge, measure
+from keda_gpu_scaler.domain.errors import InvalidTrigger, NoData
+from keda_gpu_scaler.domain.snapshot import Snapshot
+from keda_gpu_scaler.domain.trigger import TriggerSpec, parse_trigger
+from keda_gpu_scaler.pipeline.engines import EngineSubscriptions
+from keda_gpu_scaler.pipeline.hub import SnapshotHub
+from keda_gpu_scaler.serving.telemetry import NoTelemetry, Telemetry
+
+log = logging.getLogger(__name__)
+
+MAX_CACHED = 4096
+"""Distinct metadata maps and trigger specs remembered; past it a cache starts afresh."""
+
+Measure = Callable[[TriggerSpec, Snapshot, float], Measurement]
+
+
+@dataclass(frozen=True, slots=True)
+class _Measured:
+    version: int
+    valid_until: float
+    measurement: Measurement | None
+    error: NoData | InvalidTrigger | None
+
+    def result(self) -> Measurement:
+        if self.error is not None:
+            raise self.error
+        assert self.measurement is not None
+        return self.measurement
+
+
+class Decider:
+    def __init__(
+        self,
+        hub: SnapshotHub,
+        *,
+        telemetry: Telemetry | None = None,
+        engines: EngineSubscriptions | None = None,
+        first_snapshot_timeout_s: float = 2.0,
+        measure: Measure = measure,
+    ) -> None:
+        self._hub = hub
+        self._telemetry = telemetry or NoTelemetry()
+        self._engines = engines
+        self._first_snapshot_timeout_s = first_snapshot_timeout_s
+        self._measure = measure
+        self._cooldowns: CooldownBook[TriggerKey] = CooldownBook()
+        self._specs: dict[frozenset[tuple[str, str]], TriggerSpec] = {}
+        self._warned: set[tuple[str, str, TriggerSpec]] = set()
+        self._measured: dict[TriggerSpec, _Measured] = {}
+
+    # -- parse ------------------------------------------------------------------------
+
+    def parse(self, metadata: Mapping[str, str], namespace: str, name: str) -> TriggerSpec:
+        """The spec of a metadata map, parsed once per distinct map."""
+        items = frozenset(metadata.items())
+        spec = self._specs.get(items)
+        if spec is None:
+            spec = parse_trigger(metadata)
+            if len(self._specs) >= MAX_CACHED:
+                self._specs.clear()
+            self._specs[items] = spec
+        if spec.warnings:
+            self._warn_once(spec, namespace, name)
+        return spec
+
+    def _warn_once(self, spec: TriggerSpec, namespace: str, name: str) -> None:
+        seen = (namespace, name, spec)
+        if seen in self._warned:
+            return
+        if len(self._warned) >= MAX_CACHED:
+            self._warned.clear()
+        self._warned.add(seen)
+        for warning in spec.warnings:
+            log.warning(
+                "trigger metadata warning",
+                extra={"trigger": f"{namespace}/{name}", "detail": warning},
+            )
+
+    # -- read -------------------------------------------------------------------------
+
+    async def snapshot_for(self, spec: TriggerSpec) -> Snapshot:
+        """The newest snapshot; the one wait allowed is for a source's very first sample."""
+        target = spec.engine_target
+        if target is not None:
+            if self._engines is None:
+                raise NoData(f"engine sampling is not enabled on this server ({target.url})")
+            await self._engines.ensure(target)
+            return self._hub.current
+        snapshot = self._hub.current
+        if snapshot.version == 0:
+            with anyio.move_on_after(self._first_snapshot_timeout_s):
+                snapshot = await self._hub.wait_newer(0)
+        return snapshot
+
+    def keep_alive(self, spec: TriggerSpec) -> None:
+        """A stream keeps its engine sampler running as unary calls do."""
+        target = spec.engine_target
+        if target is not None and self._engines is not None:
+            self._engines.touch(target)
+
+    # -- decide -----------------------------------------------------------------------
+
+    def measurement(self, spec: TriggerSpec, snapshot: Snapshot, now: float) -> Measurement:
+        """The measured value of ``spec``: computed once per snapshot version and shared
+        until a reading it used goes stale. Raises :class:`NoData` or
+        :class:`InvalidTrigger` as :func:`~keda_gpu_scaler.domain.decision.measure` does."""
+        cached = self._measured.get(spec)
+        if cached is None or cached.version != snapshot.version or now > cached.valid_until:
+            cached = self._measure_now(spec, snapshot, now)
+        return cached.result()
+
+    def _measure_now(self, spec: TriggerSpec, snapshot: Snapshot, now: float) -> _Measured:
+        try:
+            measured = self._measure(spec, snapshot, now)
+        except (NoData, InvalidTrigger) as exc:
+            # A failure holds for the version: stale stays stale, lost stays lost.
+            cached = _Measured(snapshot.version, float("inf"), None, exc)
+        else:
+            cached = _Measured(snapshot.version, measured.fresh_until, measured, None)
+        if len(self._measured) >= MAX_CACHED:
+            self._measured.clear()
+        self._measured[spec] = cached
+        return cached
+
+    def decide(self, key: TriggerKey, snapshot: Snapshot, rpc: str) -> Decision:
+        """The decision for one trigger of one ScaledObject, its cooldown entry updated."""
+        now = anyio.current_time()
+        try:
+            measured = self.measurement(key.spec, snapshot, now)
+        except NoData as exc:
+            self._telemetry.failed(key, rpc, str(exc), now)
+            raise
+        decision = judge(key.spec, measured, self._cooldowns.get(key), now)
+        self._cooldowns.put(key, decision.cooldown.entry)
+        self._telemetry.decided(key, rpc, decision, now)
+        if log.isEnabledFor(logging.DEBUG):
+            log.debug(
+                "decision",
+                extra={
+                    "trigger": str(key),
+                    "metric": key.spec.metric_name,
+                    "value": decision.value,
+                    "active": decision.active,
+                    "why": decision.explanation,
+                },
+            )
+        return decision

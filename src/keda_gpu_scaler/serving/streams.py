@@ -1,0 +1,306 @@
+"""StreamIsActive: a pure pacer per stream, and a registry that owns every open stream.
+
+KEDA opens one stream per trigger of each ScaledObject, hundreds on one connection, most of
+them with one of a few metadata maps. The registry groups open streams by trigger spec and
+runs one driver task for all of them:
+
+- on every new snapshot it measures each spec once (shared with unary calls through the
+  :class:`~keda_gpu_scaler.serving.decider.Decider`) and compares the spec's raw activity
+  (value above the activation threshold, or no usable reading) with the last one;
+- only when that changed are the spec's streams judged one by one (their ScaledObject's
+  cooldown entry may hold a higher value), and only a stream whose message is due wakes;
+- otherwise a stream wakes only when its heartbeat is due, or when its cooldown hold ends.
+
+Why this is enough: while the raw value stays above the threshold, the served value (never
+below the raw one) does too; while it stays at or under it, the activity can only change when
+a cooldown hold ends, and the hold says when that is.
+
+Opening a stream costs one judgement against the shared measurement, so a burst of opens
+never starves the loop. On shutdown every stream ends with status OK.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import logging
+import math
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+
+import anyio
+from anyio.abc import TaskStatus
+
+from keda_gpu_scaler.domain.decision import TriggerKey
+from keda_gpu_scaler.domain.errors import InvalidTrigger, NoData
+from keda_gpu_scaler.domain.snapshot import Snapshot
+from keda_gpu_scaler.domain.trigger import TriggerSpec
+from keda_gpu_scaler.pipeline.hub import SnapshotHub
+from keda_gpu_scaler.serving.decider import Decider
+
+log = logging.getLogger(__name__)
+
+RPC = "StreamIsActive"
+_STALE_MARGIN_S = 1e-3
+"""Look again this long after a measurement's readings go stale, clear of float rounding."""
+
+
+@dataclass(frozen=True, slots=True)
+class Step:
+    send: bool
+    wake_at: float
+    """When this stream must be judged again at the latest (a heartbeat, or a retry)."""
+
+
+@dataclass(slots=True)
+class StreamPacer:
+    """When a stream sends: at once, on every change of activity, and every ``interval_s``.
+
+    A failed judgement (``active`` None) is never sent; the stream retries an interval later
+    (or sooner, on a change). Pure: the caller owns the clock.
+    """
+
+    interval_s: float
+    last: bool | None = None
+    sent_at: float = -math.inf
+
+    def step(self, active: bool | None, now: float, *, hold_ends_at: float = math.inf) -> Step:
+        if active is None:
+            return Step(False, now + self.interval_s)
+        send = active != self.last or now - self.sent_at >= self.interval_s
+        if send:
+            self.last, self.sent_at = active, now
+        return Step(send, min(self.sent_at + self.interval_s, hold_ends_at))
+
+
+_Raw = bool | None | Exception
+"""A spec's raw activity: above the threshold, not, no usable reading (None), or a bad
+trigger (the :class:`InvalidTrigger` to end its streams with)."""
+
+
+class _Closed(Exception):
+    """The registry is shutting down: the stream ends with status OK."""
+
+
+@dataclass(eq=False, slots=True)
+class _Stream:
+    key: TriggerKey
+    pacer: StreamPacer
+    wake_at: float = math.inf
+    pending: bool | None = None
+    error: Exception | None = None
+    ready: anyio.Event = field(default_factory=anyio.Event)
+
+    def deliver(self, active: bool) -> None:
+        self.pending = active  # a reader that lags gets the newest activity, not a backlog
+        self.ready.set()
+
+    def fail(self, error: Exception) -> None:
+        self.error = error
+        self.ready.set()
+
+    async def next(self) -> bool:
+        await self.ready.wait()
+        self.ready = anyio.Event()
+        if self.error is not None:
+            raise self.error
+        active, self.pending = self.pending, None
+        assert active is not None
+        return active
+
+
+@dataclass(eq=False, slots=True)
+class _Group:
+    spec: TriggerSpec
+    streams: set[_Stream] = field(default_factory=set)
+    raw: _Raw = None
+    raw_version: int = -1
+    failure: str | None = None
+    fresh_until: float = math.inf
+
+
+class StreamRegistry:
+    """Every open StreamIsActive stream, grouped by spec and driven by one task (:meth:`run`)."""
+
+    def __init__(self, hub: SnapshotHub, decider: Decider) -> None:
+        self._hub = hub
+        self._decider = decider
+        self._groups: dict[TriggerSpec, _Group] = {}
+        self._timers: list[tuple[float, int, _Stream]] = []
+        self._sequence = itertools.count()
+        self._sleep: anyio.CancelScope | None = None
+        self._running = False
+        self._closing = False
+        self._open = 0
+        self._ended = anyio.Event()
+
+    @property
+    def open_streams(self) -> int:
+        return self._open
+
+    # -- the streams ------------------------------------------------------------------
+
+    async def stream(self, key: TriggerKey, snapshot: Snapshot) -> AsyncIterator[bool]:
+        """The activity of ``key``: at once, on every change, and as a heartbeat."""
+        if not self._running:
+            raise RuntimeError("StreamRegistry.run() has not started")
+        if self._closing:
+            return
+        stream = self._open_stream(key, snapshot)
+        try:
+            while True:
+                try:
+                    active = await stream.next()
+                except _Closed:
+                    return
+                yield active
+        finally:
+            self._close_stream(stream)
+
+    def _open_stream(self, key: TriggerKey, snapshot: Snapshot) -> _Stream:
+        group = self._groups.get(key.spec)
+        if group is None:
+            group = self._groups[key.spec] = _Group(key.spec)
+            self._refresh(group, snapshot, anyio.current_time(), judge_streams=False)
+        stream = _Stream(key, StreamPacer(key.spec.poll_interval_s))
+        group.streams.add(stream)
+        self._open += 1
+        self._judge(stream, snapshot, anyio.current_time())
+        return stream
+
+    def _close_stream(self, stream: _Stream) -> None:
+        self._open -= 1
+        group = self._groups.get(stream.key.spec)
+        if group is not None:
+            group.streams.discard(stream)
+            if not group.streams:
+                del self._groups[stream.key.spec]
+        stream.wake_at = math.inf  # its timer, if any, is dropped when it comes up
+        if self._closing and not self._open:
+            self._ended.set()
+
+    # -- the driver -------------------------------------------------------------------
+
+    async def run(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
+        """Judge streams as snapshots and deadlines come, until cancelled."""
+        self._running = True
+        task_status.started()
+        version = self._hub.current.version
+        try:
+            while not self._closing:
+                with anyio.CancelScope(deadline=self._next_deadline()) as self._sleep:
+                    await self._hub.wait_newer(version)
+                self._sleep = None
+                snapshot = self._hub.current
+                version = snapshot.version
+                now = anyio.current_time()
+                for group in list(self._groups.values()):
+                    if group.raw_version != version or now > group.fresh_until:
+                        self._refresh(group, snapshot, now, judge_streams=True)
+                self._fire_timers(snapshot, now)
+        finally:
+            self._running = False
+
+    def _next_deadline(self) -> float:
+        while self._timers and self._timers[0][2].wake_at != self._timers[0][0]:
+            heapq.heappop(self._timers)  # rescheduled or closed since
+        timer = self._timers[0][0] if self._timers else math.inf
+        fresh = min((g.fresh_until for g in self._groups.values()), default=math.inf)
+        return min(timer, fresh + _STALE_MARGIN_S)
+
+    def _refresh(
+        self, group: _Group, snapshot: Snapshot, now: float, *, judge_streams: bool
+    ) -> None:
+        """Measure the group's spec; judge its streams if the raw activity changed."""
+        self._decider.keep_alive(group.spec)
+        spec = group.spec
+        raw: _Raw
+        try:
+            measured = self._decider.measurement(spec, snapshot, now)
+        except NoData as exc:
+            raw, fresh_until = None, math.inf
+            self._log_failure(group, str(exc))
+        except InvalidTrigger as exc:
+            raw, fresh_until = exc, math.inf
+        else:
+            raw, fresh_until = measured.value > spec.activation, measured.fresh_until
+            self._log_recovery(group)
+        group.raw_version, group.fresh_until = snapshot.version, fresh_until
+        changed = raw is not group.raw
+        group.raw = raw
+        if changed and judge_streams:
+            for stream in list(group.streams):
+                self._judge(stream, snapshot, now)
+
+    def _fire_timers(self, snapshot: Snapshot, now: float) -> None:
+        while self._timers and self._timers[0][0] <= now:
+            at, _, stream = heapq.heappop(self._timers)
+            if stream.wake_at != at:
+                continue
+            group = self._groups.get(stream.key.spec)
+            if group is not None and stream in group.streams:
+                self._judge(stream, snapshot, now)
+
+    def _judge(self, stream: _Stream, snapshot: Snapshot, now: float) -> None:
+        hold_ends_at = math.inf
+        try:
+            decision = self._decider.decide(stream.key, snapshot, RPC)
+        except NoData:
+            step = stream.pacer.step(None, now)
+        except InvalidTrigger as exc:
+            stream.fail(exc)
+            return
+        else:
+            if decision.cooldown.held:
+                hold_ends_at = now + decision.cooldown.remaining_s
+            step = stream.pacer.step(decision.active, now, hold_ends_at=hold_ends_at)
+            if step.send:
+                stream.deliver(decision.active)
+        self._schedule(stream, step.wake_at)
+
+    def _schedule(self, stream: _Stream, at: float) -> None:
+        if stream.wake_at == at:
+            return
+        stream.wake_at = at
+        heapq.heappush(self._timers, (at, next(self._sequence), stream))
+        sleep = self._sleep
+        if sleep is not None and at < sleep.deadline:
+            sleep.deadline = at  # the driver sleeps until a later deadline: wake it sooner
+
+    def _log_failure(self, group: _Group, reason: str) -> None:
+        if group.failure is None and group.streams:
+            log.warning(
+                "streams skip ticks: no usable reading",
+                extra={
+                    "metric": group.spec.metric_name,
+                    "streams": len(group.streams),
+                    "reason": reason,
+                },
+            )
+        group.failure = reason
+
+    def _log_recovery(self, group: _Group) -> None:
+        if group.failure is not None and group.streams:
+            log.info(
+                "streams resume",
+                extra={"metric": group.spec.metric_name, "streams": len(group.streams)},
+            )
+        group.failure = None
+
+    # -- shutdown ---------------------------------------------------------------------
+
+    def begin_shutdown(self) -> None:
+        """End every open stream with status OK (KEDA reconnects within 2 s)."""
+        self._closing = True
+        if not self._open:
+            self._ended.set()
+        for group in self._groups.values():
+            for stream in group.streams:
+                stream.fail(_Closed())
+        if self._sleep is not None:
+            self._sleep.cancel()
+
+    async def wait_streams_ended(self) -> None:
+        """After :meth:`begin_shutdown`, until every stream handler has returned."""
+        if self._closing:
+            await self._ended.wait()
