@@ -158,8 +158,8 @@ def test_go_chart_values_are_honoured() -> None:
     assert len(pod["spec"]["tolerations"]) == 2
     assert pod["metadata"]["labels"]["example.com/scrape"] == "true"
     assert pod["metadata"]["annotations"] == {"example.com/team": "ml-platform"}
-    assert env["KEDA_GPU_SCALER_LOG_LEVEL"] == "info"
-    assert env["KEDA_GPU_SCALER_HEALTH_CHECK_INTERVAL"] == "30"
+    assert env["KEDA_GPU_SCALER_LOG_LEVEL"] == "warn"
+    assert env["KEDA_GPU_SCALER_HEALTH_CHECK_INTERVAL"] == "30s"
     assert env["KEDA_GPU_SCALER_METRICS_PORT"] == "9100"
     assert env["KEDA_GPU_SCALER_PROBE_PORT"] == "8082"
     assert env["KEDA_GPU_SCALER_ENGINE_ALLOWED_NETWORKS"] == "10.0.0.0/8"
