@@ -164,18 +164,18 @@ async def _show(plan: Plan, source: Sampler, printer: Printer) -> None:
             # GPM metrics are computed between two samples and PCIe is read beside the
             # cycle: the first cycle lacks them, so show the second.
             await pipeline.hub.wait_newer(first.version)
+        if plan.interval_s is None:
+            printer.emit(_rows(pipeline.hub.current, plan, anyio.current_time()), continuous=False)
+            return
+        from keda_gpu_scaler.sources.cadence import every
+
         shown = 0
-        next_at = anyio.current_time()
-        while True:
-            snapshot = pipeline.hub.current
-            printer.emit(
-                _rows(snapshot, plan, anyio.current_time()), continuous=plan.interval_s is not None
-            )
+        # A slow terminal skips the ticks it missed instead of printing them back to back.
+        async for now in every(plan.interval_s):
+            printer.emit(_rows(pipeline.hub.current, plan, now), continuous=True)
             shown += 1
-            if plan.interval_s is None or (plan.count is not None and shown >= plan.count):
+            if plan.count is not None and shown >= plan.count:
                 return
-            next_at += plan.interval_s
-            await anyio.sleep_until(next_at)
 
 
 async def _run(plan: Plan, source: Sampler, printer: Printer) -> None:

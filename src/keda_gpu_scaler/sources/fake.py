@@ -16,6 +16,7 @@ from anyio.streams.memory import MemoryObjectSendStream
 
 from keda_gpu_scaler.domain.errors import SourceFailure
 from keda_gpu_scaler.domain.samples import Batch, DeviceKey, GpuReading, Sample, SourceFault
+from keda_gpu_scaler.sources.cadence import every
 
 
 @dataclass
@@ -97,14 +98,11 @@ class FakeGpuSource:
     ) -> None:
         async with send:
             task_status.started()
-            next_at = anyio.current_time()
-            while True:
+            async for now in every(self.period_s):
                 if self._crash_with is not None:
                     reason, self._crash_with = self._crash_with, None
                     raise SourceFailure(reason)
                 if not self._paused:
-                    readings = self.readings(anyio.current_time())
+                    readings = self.readings(now)
                     await send.send(Batch(source=self.name, samples=tuple(readings)))
                     self.cycles += 1
-                next_at += self.period_s
-                await anyio.sleep_until(next_at)

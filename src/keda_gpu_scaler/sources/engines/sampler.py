@@ -31,6 +31,7 @@ from keda_gpu_scaler.domain.engines import (
     PodResult,
 )
 from keda_gpu_scaler.domain.errors import EndpointRefused, ScrapeFailed
+from keda_gpu_scaler.sources.cadence import every
 from keda_gpu_scaler.sources.engines.extract import SELECTIONS, extract
 from keda_gpu_scaler.sources.engines.http import EngineScraper, PodScrape, Scrape
 from keda_gpu_scaler.sources.engines.promtext import Exposition, merge_expositions
@@ -68,11 +69,9 @@ class EngineSampler:
     ) -> None:
         async with send:
             task_status.started()
-            next_at = anyio.current_time()
-            while True:
+            # A scrape slower than the interval skips the ticks it missed, never bunches them.
+            async for _ in every(self.interval_s):
                 await send.send(await self.sample())
-                next_at = _next_slot(next_at, self.interval_s, anyio.current_time())
-                await anyio.sleep_until(next_at)
 
     async def sample(self) -> EngineSample:
         """One cycle: scrape, compute against this sampler's baseline; failures are data."""
@@ -160,12 +159,3 @@ def _results(
         )
         for p in pods
     )
-
-
-def _next_slot(previous: float, interval: float, now: float) -> float:
-    """The next tick of the schedule; ticks missed by a slow scrape are skipped, not bunched."""
-    following = previous + interval
-    if following > now:
-        return following
-    missed = int((now - following) // interval) + 1
-    return following + missed * interval
