@@ -8,16 +8,20 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
 from typing import Protocol
 
 import anyio
 from anyio.abc import TaskStatus
 from anyio.streams.memory import MemoryObjectSendStream
 
+from keda_gpu_scaler.domain.backoff import Backoff
 from keda_gpu_scaler.domain.samples import Sample, SourceFault
 
+__all__ = ["Backoff", "Sampler", "supervise"]
+
 log = logging.getLogger(__name__)
+
+_RESTART_BACKOFF = Backoff()
 
 
 class Sampler(Protocol):
@@ -34,23 +38,12 @@ class Sampler(Protocol):
     ) -> None: ...
 
 
-@dataclass(frozen=True, slots=True)
-class Backoff:
-    initial_s: float = 0.5
-    factor: float = 2.0
-    maximum_s: float = 30.0
-
-    def delay(self, failures: int) -> float:
-        """Delay before restart number ``failures`` (1-based)."""
-        return min(self.maximum_s, self.initial_s * self.factor ** (failures - 1))
-
-
 async def supervise(
     name: str,
     start: Callable[[MemoryObjectSendStream[Sample]], Awaitable[None]],
     *,
     send: MemoryObjectSendStream[Sample],
-    backoff: Backoff = Backoff(),
+    backoff: Backoff = _RESTART_BACKOFF,
 ) -> None:
     """Run ``start(clone of send)`` until it returns; after an exception publish a fault on
     ``send`` and start it again with a fresh clone. ``send`` is closed when this returns.

@@ -1,4 +1,8 @@
-"""One cycle's readings of one physical GPU and its MIG instances (worker-thread code).
+"""One cycle's readings of the GPUs and their MIG instances (worker-thread code).
+
+:func:`read_devices` is the whole worker-thread side of a cycle: it reads (or first
+discovers) the devices it is given and returns what it met at each NVML index, values or the
+:class:`NvmlError`; it decides nothing. The sampler folds the results on the event loop.
 
 A MIG instance gets its own utilization (absent: NVML has none per instance), memory and
 GPM, plus copies of its GPU's whole-GPU readings (temperature, power, clocks, PCIe,
@@ -7,6 +11,7 @@ NVLink) marked through ``parent_index``, so the decision layer counts those once
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import msgspec
@@ -17,10 +22,13 @@ from keda_gpu_scaler.sources.nvml.convert import GpmReadings, Memory
 from keda_gpu_scaler.sources.nvml.devices import (
     GpuDevice,
     MigDevice,
+    discover_gpu,
     maybe,
     read_memory,
     read_nvlink,
+    read_pcie,
 )
+from keda_gpu_scaler.sources.nvml.errors import NvmlAbsent, NvmlDeviceLost, NvmlError
 
 PcieValue = tuple[int | None, int | None]
 
@@ -30,6 +38,61 @@ class Cycle:
     source: str
     taken_at: float
     period_s: float
+
+
+@dataclass(frozen=True, slots=True)
+class DeviceWork:
+    """Read the GPU at ``index``: ``gpu`` as known, or discover it first when None."""
+
+    index: int
+    gpu: GpuDevice | None
+    pcie: PcieValue = (None, None)
+    """The PCIe value to carry into the readings (read on its own cadence)."""
+
+
+@dataclass(frozen=True, slots=True)
+class DeviceResult:
+    """What the worker met at one NVML index: readings, or the error that stopped it."""
+
+    index: int
+    gpu: GpuDevice | None
+    """The device read, or discovered before the error; None if discovery failed."""
+    readings: tuple[GpuReading, ...] = ()
+    error: NvmlError | None = None
+
+
+def read_devices(
+    backend: NvmlBackend, work: Sequence[DeviceWork], cycle: Cycle
+) -> list[DeviceResult]:
+    """One cycle of NVML calls. :class:`NvmlLibraryError` propagates: nothing can be read."""
+    return [_read_device(backend, item, cycle) for item in work]
+
+
+def _read_device(backend: NvmlBackend, work: DeviceWork, cycle: Cycle) -> DeviceResult:
+    gpu = work.gpu
+    if gpu is None:
+        try:
+            gpu = discover_gpu(backend, work.index)
+        except (NvmlDeviceLost, NvmlAbsent) as exc:
+            return DeviceResult(work.index, None, error=exc)
+    try:
+        return DeviceResult(work.index, gpu, tuple(read_gpu(backend, gpu, cycle, work.pcie)))
+    except NvmlDeviceLost as exc:
+        return DeviceResult(work.index, gpu, error=exc)
+    except NvmlError:
+        if work.gpu is None:
+            gpu.release()  # found in this very call: nobody else knows it to free it
+        raise
+
+
+def read_pcie_of(backend: NvmlBackend, gpus: Sequence[GpuDevice]) -> dict[int, PcieValue]:
+    """(TX, RX) of each GPU by NVML index; about 40 ms per GPU."""
+    return {gpu.index: read_pcie(backend, gpu.handle) for gpu in gpus}
+
+
+def release_all(gpus: Sequence[GpuDevice]) -> None:
+    for gpu in gpus:
+        gpu.release()
 
 
 @dataclass(frozen=True, slots=True)
