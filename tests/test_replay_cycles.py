@@ -71,9 +71,9 @@ def _gpu_metrics(*args: str) -> subprocess.CompletedProcess[str]:
 
 @pytest.mark.slow
 def test_gpu_metrics_one_shot_shows_every_gpu_of_the_recording() -> None:
-    result = _gpu_metrics("--format", "json")
+    result = _gpu_metrics("--format", "jsonl")
     assert result.returncode == 0, result.stderr
-    rows = json.loads(result.stdout)
+    rows = [json.loads(line) for line in result.stdout.splitlines()]
     assert [(r["index"], r["gpu_utilization"]) for r in rows] == [
         (0, 10.0),
         (1, 20.0),
@@ -84,9 +84,10 @@ def test_gpu_metrics_one_shot_shows_every_gpu_of_the_recording() -> None:
 
 @pytest.mark.slow
 def test_gpu_metrics_device_filter_finds_the_recorded_gpu() -> None:
-    result = _gpu_metrics("--format", "json", "--device", "3")
+    result = _gpu_metrics("--format", "jsonl", "--device", "3")
     assert result.returncode == 0, result.stderr
-    assert [(r["index"], r["status"]) for r in json.loads(result.stdout)] == [(3, "ok")]
+    rows = [json.loads(line) for line in result.stdout.splitlines()]
+    assert [(r["index"], r["status"]) for r in rows] == [(3, "ok")]
 
 
 @pytest.mark.slow
