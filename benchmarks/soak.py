@@ -69,6 +69,7 @@ class Server:
             [sys.executable, str(SERVER), "--source", source],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,  # its warnings would drown the figures
             text=True,
             bufsize=1,
             env=env,
@@ -126,6 +127,7 @@ class Result:
     unary_calls: int = 0
     errors: int = 0
     error_kinds: dict[str, int] = field(default_factory=dict)
+    error_reasons: dict[str, str] = field(default_factory=dict)
     streams_alive: int = 0
     messages_per_stream: float = 0.0
     cpu_share: float = math.nan
@@ -147,6 +149,8 @@ class Load:
         self.unary: list[tuple[float, float]] = []
         """(sent at, seconds) of every unary call that succeeded."""
         self.errors: dict[str, int] = {}
+        self.reasons: dict[str, str] = {}
+        """The first message of each error code."""
         self.answered = 0
         self.all_answered = asyncio.Event()
 
@@ -183,6 +187,7 @@ class Load:
                 await self.stub.IsActive(ref, timeout=CALL_TIMEOUT_S)
         except grpc.aio.AioRpcError as exc:
             self.error(f"unary {exc.code().name}")
+            self.reasons.setdefault(exc.code().name, exc.details() or "")
             return
         self.unary.append((sent, time.monotonic() - sent))
 
@@ -292,6 +297,7 @@ def _totals(result: Result, load: Load, warm_from: float) -> None:
     result.unary_p99_ms = percentile(after, 99) * 1000
     result.errors = sum(load.errors.values())
     result.error_kinds = dict(load.errors)
+    result.error_reasons = dict(load.reasons)
     result.streams_alive = sum(e is None for e in load.ended)  # cancelled by us at the end
     result.messages_per_stream = sum(load.messages) / len(load.messages)
     warm = [w for w in result.windows if w.at_s > WARMUP_S + 1]
@@ -306,7 +312,8 @@ def _summary(result: Result) -> str:
         f"{result.name}: burst of {result.streams} streams: all answered in "
         f"{result.burst_all_streams_s:.2f} s, slowest unary {result.burst_max_unary_ms:.1f} ms, "
         f"{result.burst_unavailable} UNAVAILABLE\n"
-        f"{result.name}: after warm-up: server CPU {result.cpu_share:.1%} of one core, unary "
+        + "".join(f"{result.name}: first {k}: {v}\n" for k, v in result.error_reasons.items())
+        + f"{result.name}: after warm-up: server CPU {result.cpu_share:.1%} of one core, unary "
         f"p50 {result.unary_p50_ms:.2f} ms p99 {result.unary_p99_ms:.2f} ms over "
         f"{result.unary_calls} calls, errors {result.errors} {result.error_kinds or ''}, "
         f"streams alive at the end {result.streams_alive}/{result.streams}, "

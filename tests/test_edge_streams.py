@@ -18,7 +18,9 @@ from keda_gpu_scaler.serving._proto.externalscaler import (
     ScaledObjectRef,
 )
 from keda_gpu_scaler.serving.server import DEFAULT_MAX_CONCURRENT_STREAMS
+from keda_gpu_scaler.sources.fake import FakeGpuSource
 from tests.grpcio_client import GrpcioModules, open_streams
+from tests.loopback import loopback_scaler
 
 pytestmark = [pytest.mark.anyio, pytest.mark.slow]
 
@@ -85,3 +87,26 @@ async def test_500_streams_on_one_grpcio_connection(
     assert max(result.first_message_s) < 2.0
     assert result.unary_errors == 0
     assert max(result.unary_latencies_s) < 2.0
+
+
+async def test_a_burst_of_500_streams_never_makes_a_10_hz_source_unavailable(
+    grpcio_modules: GrpcioModules,
+) -> None:
+    # At 10 Hz three sample periods are 0.3 s: a loop starved while streams open would let
+    # readings age past that and answer UNAVAILABLE for a source that is fine.
+    source = FakeGpuSource(1, period_s=0.1)
+    source.set(0, gpu_utilization=87.0)
+    async with loopback_scaler(source) as running:
+        await running.hub.wait_newer(0)
+        result = await anyio.to_thread.run_sync(
+            partial(
+                open_streams,
+                grpcio_modules,
+                running.port,
+                STREAMS,
+                {"profile": "training"},
+                unary_calls=100,
+            )
+        )
+    assert len(result.first_message_s) == STREAMS
+    assert result.unary_errors == 0

@@ -12,7 +12,7 @@ from trio.testing import MockClock
 from keda_gpu_scaler.serving._proto.externalscaler import GetMetricsRequest, ScaledObjectRef
 from keda_gpu_scaler.serving.service import ExternalScalerService
 from keda_gpu_scaler.sources.fake import FakeGpuSource
-from keda_gpu_scaler.testing import open_test_service
+from keda_gpu_scaler.testing import CountingMeasure, open_test_service
 
 Messages = list[tuple[float, bool]]
 
@@ -136,3 +136,39 @@ async def test_two_triggers_of_one_object_keep_their_own_cooldown(
         await anyio.sleep(1.0)
         assert await value(served.service, low) == 200.0  # held back within the window
         assert await value(served.service, high) == 100.0  # its own first value, not 200
+
+
+@pytest.mark.trio
+async def test_200_streams_with_one_spec_cost_one_evaluation_per_snapshot(
+    autojump_clock: MockClock,
+) -> None:
+    source = FakeGpuSource(1, period_s=1.0)
+    source.set(0, gpu_utilization=50.0)
+    metadata = {"pollIntervalSeconds": "4", "activationThreshold": "10", "cooldownSeconds": "0"}
+    counting = CountingMeasure()
+    got: Messages = []
+    async with open_test_service(source, measure=counting) as served:
+        async with anyio.create_task_group() as tg:
+            t0 = anyio.current_time()
+            for i in range(200):
+                ref = ScaledObjectRef(name=f"so-{i}", namespace="ns", scaler_metadata=metadata)
+                tg.start_soon(_collect_ref, served.service, ref, got)
+            await anyio.sleep(2.5)
+            source.set(0, gpu_utilization=5.0)  # published at t0 + 3
+            await anyio.sleep_until(t0 + 10.5)
+            tg.cancel_scope.cancel()
+        hub = served.pipeline.hub
+    versions = [version for _, version in counting.calls]
+    assert len(versions) == len(set(versions))  # never twice for one snapshot
+    assert len(versions) <= hub.current.version
+    times = sorted({round(t - t0, 3) for t, _ in got})
+    assert times == [0.0, 3.0, 7.0]  # at once, on the change, then a heartbeat
+    assert len(got) == 3 * 200
+    assert all(active is (t < t0 + 3) for t, active in got)
+
+
+async def _collect_ref(
+    service: ExternalScalerService, ref: ScaledObjectRef, into: Messages
+) -> None:
+    async for message in service.stream_is_active(ref):
+        into.append((anyio.current_time(), message.result))

@@ -13,17 +13,19 @@ import logging
 import socket
 import weakref
 from asyncio import BaseTransport
-from collections.abc import Collection
+from collections.abc import Callable, Collection
 from ssl import SSLContext
-from typing import Any, cast
+from typing import Any, Literal, cast
 
 import anyio
 from grpclib.config import Configuration
 from grpclib.const import Status
-from grpclib.protocol import Connection, EventsProcessor, H2Protocol
+from grpclib.protocol import AbstractHandler, Connection, EventsProcessor, H2Protocol
+from grpclib.protocol import Stream as GrpclibStream
 from grpclib.server import Handler, Server
 from h2.config import H2Configuration
 from h2.connection import H2Connection
+from h2.events import RemoteSettingsChanged, WindowUpdated
 from h2.settings import SettingCodes, Settings
 
 from keda_gpu_scaler.serving.service import ExternalScalerService
@@ -33,6 +35,118 @@ log = logging.getLogger(__name__)
 
 DEFAULT_MAX_CONCURRENT_STREAMS = 4096
 __all__ = ["DEFAULT_MAX_CONCURRENT_STREAMS", "ScalerServer", "Status"]
+
+
+class _H2Connection(H2Connection):
+    """h2's connection, without a walk over every stream for each new one.
+
+    h2 counts open inbound streams by walking all of them (forgetting the closed ones as it
+    goes) each time a client opens a stream, to enforce ``MAX_CONCURRENT_STREAMS``. With a
+    thousand StreamIsActive streams on a connection that is a thousand steps for every unary
+    call. The number of streams h2 still holds is an upper bound of the open ones, which is
+    all the limit check needs while it is below the limit; the walk runs again once that
+    number has doubled since the last walk, so closed streams are still forgotten, at a
+    constant cost per stream.
+    """
+
+    _walk_at = 0
+
+    @property
+    def open_inbound_streams(self) -> int:
+        held = len(self.streams)
+        if held < self._walk_at and held < self.local_settings.max_concurrent_streams:
+            return held
+        count = super().open_inbound_streams
+        self._walk_at = 2 * len(self.streams) + 64
+        return count
+
+
+class _WindowEvent(asyncio.Event):
+    """A stream's "window updated" event that knows when its stream waits on it."""
+
+    def __init__(self, waiting: set[_WindowEvent]) -> None:
+        super().__init__()
+        self._waiting = waiting
+
+    async def wait(self) -> Literal[True]:
+        self._waiting.add(self)
+        try:
+            return await super().wait()
+        finally:
+            self._waiting.discard(self)
+
+
+class _EventsProcessor(EventsProcessor):
+    """grpclib's processor, waking only the streams that wait for flow-control window.
+
+    grpclib sets every stream's event on each connection-level WINDOW_UPDATE, which clients
+    send often; with a thousand idle streams that is a thousand wake-ups for nothing. A
+    stream waits only after it ran out of window, and only those are woken here.
+    """
+
+    def __init__(self, handler: AbstractHandler, connection: Connection) -> None:
+        super().__init__(handler, connection)
+        self._waiting: set[_WindowEvent] = set()
+
+    def register(self, stream: GrpclibStream) -> Callable[[], None]:
+        stream.window_updated = _WindowEvent(self._waiting)
+        return super().register(stream)
+
+    def process_window_updated(self, event: WindowUpdated) -> None:
+        if event.stream_id == 0:
+            for waiting in list(self._waiting):
+                waiting.set()
+        else:
+            super().process_window_updated(event)
+
+    def process_remote_settings_changed(self, event: RemoteSettingsChanged) -> None:
+        if SettingCodes.INITIAL_WINDOW_SIZE in event.changed_settings:
+            for waiting in list(self._waiting):
+                waiting.set()
+
+
+class _BatchedWrites:
+    """A transport whose writes of one event-loop iteration go out as one.
+
+    grpclib writes each frame group (headers, a message, trailers) to the transport as soon
+    as it is made, and asyncio sends every write at once: three system calls per unary call,
+    one per message of each of a thousand streams that change together. Joined, they cost
+    one per connection and loop iteration. Order is kept: every write goes through here.
+    """
+
+    def __init__(self, transport: asyncio.Transport) -> None:
+        self._transport = transport
+        self._pending: list[bytes] = []
+        self._loop = asyncio.get_running_loop()
+
+    def write(self, data: bytes | bytearray | memoryview) -> None:
+        if not data:
+            return
+        if not self._pending:
+            self._loop.call_soon(self.flush)
+        self._pending.append(bytes(data))
+
+    def flush(self) -> None:
+        if not self._pending:
+            return
+        data = b"".join(self._pending)
+        self._pending.clear()
+        if not self._transport.is_closing():
+            self._transport.write(data)
+
+    def close(self) -> None:
+        self.flush()
+        self._transport.close()
+
+    def abort(self) -> None:
+        self._pending.clear()
+        self._transport.abort()
+
+    def is_closing(self) -> bool:
+        return self._transport.is_closing()
+
+    def get_extra_info(self, name: str, default: Any = None) -> Any:
+        return self._transport.get_extra_info(name, default)
 
 
 class _StreamLimitProtocol(H2Protocol):
@@ -58,7 +172,7 @@ class _StreamLimitProtocol(H2Protocol):
         if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
             # Without it every RPC waits ~40 ms for delayed ACKs.
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        h2_conn = H2Connection(config=self.h2_config)
+        h2_conn = _H2Connection(config=self.h2_config)
         h2_conn.local_settings = Settings(
             client=False,
             initial_values={
@@ -75,10 +189,11 @@ class _StreamLimitProtocol(H2Protocol):
             h2_conn.update_settings(
                 {SettingCodes.INITIAL_WINDOW_SIZE: self.config.http2_stream_window_size}
             )
-        self.connection = Connection(h2_conn, cast(Any, transport), config=self.config)
+        writes = _BatchedWrites(cast(asyncio.Transport, transport))
+        self.connection = Connection(h2_conn, cast(Any, writes), config=self.config)
         self.connection.flush()
         self.connection.initialize()
-        self.processor = EventsProcessor(self.handler, self.connection)
+        self.processor = _EventsProcessor(self.handler, self.connection)
 
     def connection_lost(self, exc: BaseException | None) -> None:
         try:
@@ -98,6 +213,19 @@ class _StreamLimitProtocol(H2Protocol):
         connection.close()
 
 
+class _Handler(Handler):
+    """grpclib's handler, forgetting finished request tasks at a constant cost per request.
+
+    grpclib rebuilds its table of request tasks every ten requests; with a thousand open
+    streams in it that is a hundred steps per request. Rebuilt once the table could have
+    doubled, the work per request stays constant.
+    """
+
+    @property
+    def __gc_interval__(self) -> int:  # type: ignore[override]
+        return max(10, len(self._tasks))
+
+
 class _Server(Server):
     def __init__(self, handlers: Collection[Any], *, max_concurrent_streams: int) -> None:
         super().__init__(handlers)
@@ -106,7 +234,9 @@ class _Server(Server):
 
     def _protocol_factory(self) -> H2Protocol:
         self.__gc_step__()
-        handler = Handler(self._mapping, self._codec, self._status_details_codec, self.__dispatch__)
+        handler = _Handler(
+            self._mapping, self._codec, self._status_details_codec, self.__dispatch__
+        )
         self._handlers.add(handler)
         protocol = _StreamLimitProtocol(
             handler,

@@ -1,0 +1,94 @@
+"""The three places where serving/server.py replaces grpclib's or h2's per-stream walks.
+
+Each touches a library's internals (pinned: grpclib 0.4.9, h2 4.x); these tests fail loudly
+when an upgrade moves them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from types import SimpleNamespace
+from typing import Any, cast
+
+import h2.config
+import h2.connection
+import h2.exceptions
+import pytest
+from grpclib.const import Handler as _ConstHandler
+from h2.events import WindowUpdated
+from h2.settings import SettingCodes
+
+from keda_gpu_scaler.serving import server
+
+
+def _pair(limit: int) -> tuple[h2.connection.H2Connection, h2.connection.H2Connection]:
+    client = h2.connection.H2Connection(h2.config.H2Configuration(client_side=True))
+    srv = server._H2Connection(h2.config.H2Configuration(client_side=False))
+    srv.local_settings = h2.settings.Settings(
+        client=False, initial_values={SettingCodes.MAX_CONCURRENT_STREAMS: limit}
+    )
+    srv.initiate_connection()
+    client.initiate_connection()
+    srv.receive_data(client.data_to_send())
+    client.receive_data(srv.data_to_send())
+    srv.receive_data(client.data_to_send())
+    return client, srv
+
+
+def _open(client: h2.connection.H2Connection, *, end: bool) -> int:
+    stream_id = client.get_next_available_stream_id()
+    headers = [(":method", "POST"), (":path", "/x"), (":scheme", "http"), (":authority", "a")]
+    client.send_headers(stream_id, headers, end_stream=end)
+    return stream_id
+
+
+def _answer(srv: h2.connection.H2Connection, stream_id: int) -> None:
+    srv.send_headers(stream_id, [(":status", "200")], end_stream=True)
+
+
+def test_closed_streams_are_forgotten_and_the_limit_still_holds() -> None:
+    client, srv = _pair(limit=400)
+    long_lived = [_open(client, end=False) for _ in range(300)]
+    srv.receive_data(client.data_to_send())
+    for _ in range(2000):  # unary calls come and go beside the long-lived streams
+        stream_id = _open(client, end=True)
+        srv.receive_data(client.data_to_send())
+        _answer(srv, stream_id)
+        client.receive_data(srv.data_to_send())
+    assert len(srv.streams) <= 2 * len(long_lived) + 64 + 1
+    assert srv.open_inbound_streams == 300
+    # The client believes it may open more, so the server's own check is what refuses.
+    client.remote_settings = h2.settings.Settings(
+        client=False, initial_values={SettingCodes.MAX_CONCURRENT_STREAMS: 1000}
+    )
+    for _ in range(100):
+        _open(client, end=False)
+    srv.receive_data(client.data_to_send())
+    assert srv.open_inbound_streams == 400
+    _open(client, end=False)
+    with pytest.raises(h2.exceptions.TooManyStreamsError):
+        srv.receive_data(client.data_to_send())
+
+
+@pytest.mark.anyio
+async def test_a_connection_window_update_wakes_only_streams_that_wait() -> None:
+    processor = server._EventsProcessor(cast(Any, SimpleNamespace()), cast(Any, None))
+    idle = SimpleNamespace(id=1, window_updated=None)
+    blocked = SimpleNamespace(id=3, window_updated=None)
+    processor.register(cast(Any, idle))
+    processor.register(cast(Any, blocked))
+    waiter = asyncio.ensure_future(blocked.window_updated.wait())
+    await asyncio.sleep(0)
+    processor.process_window_updated(cast(WindowUpdated, SimpleNamespace(stream_id=0)))
+    await asyncio.wait_for(waiter, 1)
+    assert blocked.window_updated.is_set()
+    assert not idle.window_updated.is_set()  # nobody waited: nothing to wake
+
+
+@pytest.mark.anyio
+async def test_the_request_table_is_swept_at_a_constant_cost_per_request() -> None:
+    handler = server._Handler({}, cast(Any, None), None, cast(Any, None))
+    assert handler.__gc_interval__ == 10
+    handler._tasks = {cast(Any, object()): cast(Any, None) for _ in range(1000)}
+    assert handler.__gc_interval__ == 1000
+    assert _ConstHandler is not None  # grpclib still exports what server.py builds on
