@@ -105,6 +105,10 @@ class _EventsProcessor(EventsProcessor):
                 waiting.set()
 
 
+_BATCH_BYTES = 4096
+"""Written at once when this much is pending: about 150 StreamIsActive messages."""
+
+
 class _BatchedWrites:
     """A transport whose writes of one event-loop iteration go out as one.
 
@@ -117,6 +121,7 @@ class _BatchedWrites:
     def __init__(self, transport: asyncio.Transport) -> None:
         self._transport = transport
         self._pending: list[bytes] = []
+        self._size = 0
         self._loop = asyncio.get_running_loop()
 
     def write(self, data: bytes | bytearray | memoryview) -> None:
@@ -125,12 +130,16 @@ class _BatchedWrites:
         if not self._pending:
             self._loop.call_soon(self.flush)
         self._pending.append(bytes(data))
+        self._size += len(data)
+        if self._size >= _BATCH_BYTES:
+            self.flush()  # the first messages of a large burst need not wait for the last
 
     def flush(self) -> None:
         if not self._pending:
             return
         data = b"".join(self._pending)
         self._pending.clear()
+        self._size = 0
         if not self._transport.is_closing():
             self._transport.write(data)
 
@@ -140,6 +149,7 @@ class _BatchedWrites:
 
     def abort(self) -> None:
         self._pending.clear()
+        self._size = 0
         self._transport.abort()
 
     def is_closing(self) -> bool:
