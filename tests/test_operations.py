@@ -52,6 +52,7 @@ async def test_gpu_and_source_series_follow_the_snapshot(
     samples = await _metrics(scaler)
     assert _value(samples, "keda_gpu_scaler_gpu_utilization", **GPU0) == 87
     assert _value(samples, "keda_gpu_scaler_gpu_power_draw", **GPU0) == 350
+    assert _value(samples, "keda_gpu_scaler_gpu_memory_total_bytes", **GPU0) == 80 << 30
     assert _value(samples, "keda_gpu_scaler_gpu_nvlink_tx_mbps", **GPU0) is None  # absent
     assert _value(samples, "keda_gpu_scaler_gpu_device_count") == 2
     assert _value(samples, "keda_gpu_scaler_source_up", source="fake") == 1

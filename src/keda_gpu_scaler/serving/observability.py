@@ -225,6 +225,13 @@ def _gpu_families(snapshot: Snapshot, now: float) -> Iterator[Metric]:
         for d in devices
         if d.reading is not None and not d.is_lost() and not d.is_stale(now)
     ]
+    total = GaugeMetricFamily(
+        f"{PREFIX}_gpu_memory_total_bytes", "VRAM in all (bytes)", labels=_GPU_LABELS
+    )
+    for reading in fresh:
+        if reading.memory_total_bytes is not None:
+            total.add_metric(_labels(reading), reading.memory_total_bytes)
+    yield total
     for info in _GPU_METRICS:
         assert info.read is not None
         family = GaugeMetricFamily(
