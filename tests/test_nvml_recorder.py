@@ -8,11 +8,12 @@ from importlib import resources
 from pathlib import Path
 
 import anyio
+import msgspec
 import pytest
 import trio.testing
 
 from keda_gpu_scaler.domain.errors import SourceFailure, SourceUnavailable
-from keda_gpu_scaler.domain.samples import SAMPLE_ENCODER, DeviceKey, GpuReading
+from keda_gpu_scaler.domain.samples import DeviceKey, GpuReading
 from keda_gpu_scaler.sources.nvml.backend import GpmMetric
 from keda_gpu_scaler.sources.nvml.errors import NvmlCode
 from keda_gpu_scaler.sources.nvml.fake_backend import FakeNvml, enable_mig, h200_gpu, mig_instances
@@ -205,7 +206,7 @@ def test_the_shipped_h200_trace_reads_as_before_the_rename_table() -> None:
     text = resources.files("keda_gpu_scaler.sources").joinpath("data", "h200-trace.jsonl")
     frames = parse_trace(text.read_text(encoding="utf-8").splitlines())
     got = [frame_to_reading(f, source="replay", taken_at=f.t, period_s=0.1) for f in frames]
-    encoded = b"".join(SAMPLE_ENCODER.encode(r) + b"\n" for r in got)
+    encoded = b"".join(msgspec.json.encode(r) + b"\n" for r in got)
     written = b"".join(
         encode_frame(reading_to_frame(r, f.t, phase=f.phase))
         for r, f in zip(got, frames, strict=True)

@@ -91,8 +91,6 @@ class SourceStopped(msgspec.Struct, frozen=True, kw_only=True, tag="stopped"):
 
 Sample = GpuReading | SourceFault | Batch | EngineSample | SourceStopped
 
-SAMPLE_ENCODER = msgspec.json.Encoder()
-SAMPLE_DECODER = msgspec.json.Decoder(Sample)
 
 
 def finite_or_none(value: float | None) -> float | None:

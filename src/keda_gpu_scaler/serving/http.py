@@ -47,7 +47,6 @@ class HttpServer:
     def __init__(self, routes: Mapping[str, Route], *, idle_timeout_s: float = 60.0) -> None:
         self._routes = dict(routes)
         self._idle_timeout_s = idle_timeout_s
-        self.requests = 0
 
     async def serve(
         self, host: str, port: int, *, task_status: TaskStatus[int] = anyio.TASK_STATUS_IGNORED
@@ -88,7 +87,6 @@ class HttpServer:
         return conn.our_state is h11.DONE and conn.their_state is h11.DONE
 
     async def _respond(self, event: h11.Request) -> Response:
-        self.requests += 1
         target = urlsplit(event.target.decode("ascii", "replace"))
         route = self._routes.get(target.path)
         if route is None:
