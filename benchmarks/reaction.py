@@ -20,19 +20,14 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import math
-import os
-import platform
-import sys
 import tempfile
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
 
 from grpc_latency import generate_pb2, load_pb2
-from soak import Server, percentile
+from soak import Server, percentile, write_json
 
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_JSON = ROOT / "benchmarks" / "results" / "reaction.json"
@@ -141,13 +136,7 @@ def main() -> None:
             f"ratio current/baseline: median {after.median_ms / before.median_ms:.2f}, "
             f"p99 {after.p99_ms / before.p99_ms:.2f}"
         )
-    args.json.parent.mkdir(parents=True, exist_ok=True)
-    machine: dict[str, Any] = {
-        "machine": platform.machine(),
-        "cpus": os.cpu_count(),
-        "python": sys.version,
-    }
-    args.json.write_text(json.dumps({"machine": machine, "results": [asdict(r) for r in results]}))
+    write_json(args.json, [asdict(r) for r in results])
 
 
 if __name__ == "__main__":

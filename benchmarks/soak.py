@@ -347,10 +347,14 @@ def main() -> None:
             f"ratio current/baseline: CPU {after.cpu_share / before.cpu_share:.2f}, "
             f"unary p99 {after.unary_p99_ms / before.unary_p99_ms:.2f}"
         )
-    args.json.parent.mkdir(parents=True, exist_ok=True)
+    write_json(args.json, [asdict(r) for r in results])
+
+
+def write_json(path: Path, results: list[dict[str, Any]]) -> None:
+    """The results, with the machine they came from."""
+    path.parent.mkdir(parents=True, exist_ok=True)
     machine = {"machine": platform.machine(), "cpus": os.cpu_count(), "python": sys.version}
-    payload = {"machine": machine, "results": [asdict(r) for r in results]}
-    args.json.write_text(json.dumps(payload, indent=2))
+    path.write_text(json.dumps({"machine": machine, "results": results}, indent=2))
 
 
 if __name__ == "__main__":

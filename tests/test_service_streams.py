@@ -27,8 +27,7 @@ async def _collect(
     service: ExternalScalerService, metadata: dict[str, str], into: Messages
 ) -> None:
     ref = ScaledObjectRef(name="so", namespace="ns", scaler_metadata=metadata)
-    async for message in service.stream_is_active(ref):
-        into.append((anyio.current_time(), message.result))
+    await _collect_ref(service, ref, into)
 
 
 @pytest.mark.trio
