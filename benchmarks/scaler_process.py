@@ -7,6 +7,8 @@ per command on stdin:
 - ``cpu``: this process's CPU time in ns (all threads);
 - ``rss``: its resident set size in bytes;
 - ``h2``: the closed-stream entries h2 keeps, summed over open connections;
+- ``lag``: the longest the event loop was late for a 5 ms timer since the last ``lag``, and
+  the longest garbage collection in that time, in seconds;
 - ``flip VALUE`` (``--source flip``): publish a reading of ``VALUE`` % utilization at once
   and answer the ``time.monotonic()`` of the hand-over to the aggregator's channel.
 
@@ -90,7 +92,32 @@ class FlipSource:
                     await self.wake.wait()
 
 
-def _control(loop: asyncio.AbstractEventLoop, flip: FlipSource | None) -> None:
+class LagMonitor:
+    def __init__(self) -> None:
+        self.worst = 0.0
+        self.worst_gc = 0.0
+        self._gc_started = 0.0
+        gc.callbacks.append(self._gc)
+
+    def _gc(self, phase: str, info: dict[str, int]) -> None:
+        if phase == "start":
+            self._gc_started = time.monotonic()
+        else:
+            self.worst_gc = max(self.worst_gc, time.monotonic() - self._gc_started)
+
+    async def run(self) -> None:
+        while True:
+            before = time.monotonic()
+            await asyncio.sleep(0.005)
+            self.worst = max(self.worst, time.monotonic() - before - 0.005)
+
+    def take(self) -> str:
+        worst, self.worst = self.worst, 0.0
+        worst_gc, self.worst_gc = self.worst_gc, 0.0
+        return f"{worst} {worst_gc}"
+
+
+def _control(loop: asyncio.AbstractEventLoop, flip: FlipSource | None, lag: LagMonitor) -> None:
     for line in sys.stdin:
         words = line.split()
         if not words:
@@ -99,6 +126,8 @@ def _control(loop: asyncio.AbstractEventLoop, flip: FlipSource | None) -> None:
             answer: object = time.process_time_ns()
         elif words[0] == "rss":
             answer = _rss_bytes()
+        elif words[0] == "lag":
+            answer = lag.take()
         elif words[0] == "h2":
             answer = asyncio.run_coroutine_threadsafe(_on_loop(_closed_streams), loop).result()
         elif words[0] == "flip" and flip is not None:
@@ -120,6 +149,15 @@ async def _flip(flip: FlipSource, value: float) -> float:
     return flip.flipped_at[-1]
 
 
+def _freeze_as_serve_does() -> None:
+    """What ``keda-gpu-scaler serve`` does once it is up (a baseline may not do it)."""
+    from keda_gpu_scaler.app import compose
+
+    freeze = getattr(compose, "freeze_startup_objects", None)
+    if freeze is not None:
+        freeze()
+
+
 async def _main(source_name: str) -> None:
     from keda_gpu_scaler.app.compose import build_source, open_scaler
 
@@ -127,18 +165,26 @@ async def _main(source_name: str) -> None:
     source: Any = flip if flip is not None else build_source(source_name)
     async with open_scaler(source, host=HOST, port=0) as running:
         await running.hub.wait_newer(0)
+        _freeze_as_serve_does()
+        import os as _os
+
+        if _os.environ.get("EXP_FREEZE"):
+            gc.freeze()
         loop = asyncio.get_running_loop()
         done = asyncio.Event()
+        lag = LagMonitor()
+        monitor = asyncio.create_task(lag.run())
 
         def control() -> None:
             try:
-                _control(loop, flip)
+                _control(loop, flip, lag)
             finally:
                 loop.call_soon_threadsafe(done.set)
 
         print(running.port, flush=True)
         threading.Thread(target=control, daemon=True, name="control").start()
         await done.wait()
+        monitor.cancel()
 
 
 def main() -> None:

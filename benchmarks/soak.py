@@ -9,6 +9,11 @@ alive, unary p50/p99 over that window, messages per stream, server CPU as a shar
 core, server RSS, and h2's table of closed streams. At the end: the burst figures (slowest
 unary call while the streams opened, UNAVAILABLE answers) and the totals after warm-up.
 
+While the streams open, a second client process sends unary calls at the same rate on a
+connection of its own: the streams' own connection also carries their headers ahead of any
+call sent after them, and its client is busy opening them, so the second client shows what
+the server itself adds.
+
 ``--baseline TREE`` first runs the same soak against the checkout at TREE (its ``src`` on
 PYTHONPATH), so two versions are compared in one run, one after the other.
 
@@ -121,6 +126,14 @@ class Result:
     burst_max_unary_ms: float = math.nan
     burst_unavailable: int = 0
     burst_all_streams_s: float = math.nan
+    burst_server_stall_ms: float = math.nan
+    """The longest the server's event loop was blocked while the streams opened..."""
+    burst_server_gc_ms: float = math.nan
+    """...and its longest garbage collection in that time."""
+    burst_probe_max_ms: float = math.nan
+    """Unary calls of a second client on a connection of its own, around the burst."""
+    burst_probe_p99_ms: float = math.nan
+    burst_probe_errors: int = 0
     windows: list[Window] = field(default_factory=list)
     unary_p50_ms: float = math.nan
     unary_p99_ms: float = math.nan
@@ -211,11 +224,45 @@ def _mb(text: str) -> float:
     return int(text) / 2**20
 
 
+PROBE_S = 6.0
+"""How long the second client sends its calls, from a second before the burst."""
+
+
+async def probe(port: int, pb2_dir: Path, rate: float) -> None:
+    """The second client: unary calls on a connection of its own, latencies printed as JSON."""
+    import grpc
+
+    pb2, pb2_grpc = load_pb2(pb2_dir)
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+        load = Load(pb2, pb2_grpc, channel, 1)
+        await channel.channel_ready()
+        print("ready", flush=True)
+        await load.unary_loop(rate, time.monotonic() + PROBE_S)
+    print(json.dumps({"latencies": [s for _, s in load.unary], "errors": load.errors}))
+
+
+def _start_probe(port: int, pb2_dir: Path, rate: float) -> subprocess.Popen[str]:
+    command = [sys.executable, __file__, "--probe", str(port), "--pb2-dir", str(pb2_dir)]
+    process = subprocess.Popen([*command, "--rate", str(rate)], stdout=subprocess.PIPE, text=True)
+    assert process.stdout is not None
+    process.stdout.readline()  # connected
+    return process
+
+
+def _probe_figures(result: Result, process: subprocess.Popen[str]) -> None:
+    out, _ = process.communicate(timeout=60)
+    answer = json.loads(out.strip().splitlines()[-1])
+    result.burst_probe_max_ms = max(answer["latencies"], default=math.nan) * 1000
+    result.burst_probe_p99_ms = percentile(answer["latencies"], 99) * 1000
+    result.burst_probe_errors = sum(answer["errors"].values())
+
+
 async def run_one(name: str, tree: Path | None, args: argparse.Namespace, pb2_dir: Path) -> Result:
     import grpc
 
     pb2, pb2_grpc = load_pb2(pb2_dir)
     server = Server(tree, "replay")
+    prober = _start_probe(server.port, pb2_dir, args.rate)
     result = Result(name, args.duration, args.streams, args.rate)
     try:
         async with grpc.aio.insecure_channel(f"127.0.0.1:{server.port}") as channel:
@@ -225,10 +272,14 @@ async def run_one(name: str, tree: Path | None, args: argparse.Namespace, pb2_di
             end = start + args.duration
             unary = asyncio.create_task(load.unary_loop(args.rate, end))
             await asyncio.sleep(1.0)  # unary calls flowing before the burst
+            server.ask("lag")
             burst_at = time.monotonic()
             streams = [asyncio.create_task(load.stream(i)) for i in range(args.streams)]
             await _until_all_first(load, 60.0)
             burst_done = time.monotonic()
+            await asyncio.to_thread(_probe_figures, result, prober)
+            stall, collection = (float(x) * 1000 for x in server.ask("lag").split())
+            result.burst_server_stall_ms, result.burst_server_gc_ms = stall, collection
             _burst(result, load, burst_at, burst_done + 1.0)
             await _report(result, server, load, start, end, args.report)
             await unary
@@ -310,7 +361,12 @@ def _totals(result: Result, load: Load, warm_from: float) -> None:
 def _summary(result: Result) -> str:
     return (
         f"{result.name}: burst of {result.streams} streams: all answered in "
-        f"{result.burst_all_streams_s:.2f} s, slowest unary {result.burst_max_unary_ms:.1f} ms, "
+        f"{result.burst_all_streams_s:.2f} s, server loop blocked "
+        f"{result.burst_server_stall_ms:.0f} ms at most (longest garbage collection "
+        f"{result.burst_server_gc_ms:.0f} ms), slowest unary "
+        f"{result.burst_max_unary_ms:.1f} ms on the streams' connection and "
+        f"{result.burst_probe_max_ms:.1f} ms (p99 {result.burst_probe_p99_ms:.1f} ms, "
+        f"{result.burst_probe_errors} errors) on a second client's, "
         f"{result.burst_unavailable} UNAVAILABLE\n"
         + "".join(f"{result.name}: first {k}: {v}\n" for k, v in result.error_reasons.items())
         + f"{result.name}: after warm-up: server CPU {result.cpu_share:.1%} of one core, unary "
@@ -330,7 +386,12 @@ def main() -> None:
     parser.add_argument("--report", type=float, default=30.0, help="seconds between lines")
     parser.add_argument("--baseline", type=Path, help="another checkout to soak first")
     parser.add_argument("--json", type=Path, default=DEFAULT_JSON)
+    parser.add_argument("--probe", type=int, help=argparse.SUPPRESS)  # the second client
+    parser.add_argument("--pb2-dir", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.probe is not None:
+        asyncio.run(probe(args.probe, args.pb2_dir, args.rate))
+        return
     runs = [("baseline", args.baseline)] if args.baseline else []
     runs.append(("current", None))
     results = []

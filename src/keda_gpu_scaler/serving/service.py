@@ -90,6 +90,6 @@ class ExternalScalerService(ExternalScalerBase):
     @streaming("StreamIsActive")
     async def stream_is_active(self, message: ScaledObjectRef) -> AsyncIterator[IsActiveResponse]:
         key = self._key(message)  # bad metadata fails the stream before any message
-        snapshot = await self._decider.snapshot_for(key.spec)
-        async for active in self._streams.stream(key, snapshot):
+        await self._decider.snapshot_for(key.spec)  # a first sample, if there is none yet
+        async for active in self._streams.stream(key):
             yield IsActiveResponse(result=active)

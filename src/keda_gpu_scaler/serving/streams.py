@@ -15,8 +15,9 @@ Why this is enough: while the raw value stays above the threshold, the served va
 below the raw one) does too; while it stays at or under it, the activity can only change when
 a cooldown hold ends, and the hold says when that is.
 
-Opening a stream costs one judgement against the shared measurement, so a burst of opens
-never starves the loop. On shutdown every stream ends with status OK.
+Opening a stream costs one judgement against the shared measurement, made by the driver for
+up to ``ADMIT_AT_ONCE`` new streams per turn of the event loop, so a burst of opens never
+starves the loop. On shutdown every stream ends with status OK.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
 import anyio
+import anyio.lowlevel
 from anyio.abc import TaskStatus
 
 from keda_gpu_scaler.domain.decision import TriggerKey
@@ -41,6 +43,10 @@ from keda_gpu_scaler.serving.decider import Decider
 log = logging.getLogger(__name__)
 
 RPC = "StreamIsActive"
+ADMIT_AT_ONCE = 64
+"""New streams judged per turn of the event loop: a burst of a thousand opens is spread
+over turns, with every other task (a unary call, a sampler) getting its own in between."""
+_CLOSED = -math.inf
 _STALE_MARGIN_S = 1e-3
 """Look again this long after a measurement's readings go stale, clear of float rounding."""
 
@@ -89,19 +95,26 @@ class _Stream:
     wake_at: float = math.inf
     pending: bool | None = None
     error: Exception | None = None
-    ready: anyio.Event = field(default_factory=anyio.Event)
+    ready: anyio.Event | None = None
+    """Made only while the handler waits: most messages are taken without one."""
 
     def deliver(self, active: bool) -> None:
         self.pending = active  # a reader that lags gets the newest activity, not a backlog
-        self.ready.set()
+        if self.ready is not None:
+            self.ready.set()
 
     def fail(self, error: Exception) -> None:
         self.error = error
-        self.ready.set()
+        if self.ready is not None:
+            self.ready.set()
 
     async def next(self) -> bool:
-        await self.ready.wait()
-        self.ready = anyio.Event()
+        while self.pending is None and self.error is None:
+            self.ready = anyio.Event()
+            try:
+                await self.ready.wait()
+            finally:
+                self.ready = None
         if self.error is not None:
             raise self.error
         active, self.pending = self.pending, None
@@ -127,6 +140,8 @@ class StreamRegistry:
         self._decider = decider
         self._groups: dict[TriggerSpec, _Group] = {}
         self._timers: list[tuple[float, int, _Stream]] = []
+        self._arriving: list[_Stream] = []
+        """Opened, not yet judged: admitted by the driver, ``ADMIT_AT_ONCE`` per turn."""
         self._sequence = itertools.count()
         self._sleep: anyio.CancelScope | None = None
         self._running = False
@@ -140,13 +155,16 @@ class StreamRegistry:
 
     # -- the streams ------------------------------------------------------------------
 
-    async def stream(self, key: TriggerKey, snapshot: Snapshot) -> AsyncIterator[bool]:
+    async def stream(self, key: TriggerKey) -> AsyncIterator[bool]:
         """The activity of ``key``: at once, on every change, and as a heartbeat."""
         if not self._running:
             raise RuntimeError("StreamRegistry.run() has not started")
         if self._closing:
             return
-        stream = self._open_stream(key, snapshot)
+        stream = _Stream(key, StreamPacer(key.spec.poll_interval_s))
+        self._open += 1
+        self._arriving.append(stream)
+        self._wake_driver()
         try:
             while True:
                 try:
@@ -157,16 +175,19 @@ class StreamRegistry:
         finally:
             self._close_stream(stream)
 
-    def _open_stream(self, key: TriggerKey, snapshot: Snapshot) -> _Stream:
-        group = self._groups.get(key.spec)
-        if group is None:
-            group = self._groups[key.spec] = _Group(key.spec)
-            self._refresh(group, snapshot, anyio.current_time(), judge_streams=False)
-        stream = _Stream(key, StreamPacer(key.spec.poll_interval_s))
-        group.streams.add(stream)
-        self._open += 1
-        self._judge(stream, snapshot, anyio.current_time())
-        return stream
+    def _admit(self, snapshot: Snapshot, now: float) -> None:
+        """Judge up to ``ADMIT_AT_ONCE`` new streams; the rest wait for the next turn."""
+        batch = self._arriving[:ADMIT_AT_ONCE]
+        del self._arriving[:ADMIT_AT_ONCE]
+        for stream in batch:
+            if stream.wake_at == _CLOSED:
+                continue  # gone before its first message
+            group = self._groups.get(stream.key.spec)
+            if group is None:
+                group = self._groups[stream.key.spec] = _Group(stream.key.spec)
+                self._refresh(group, snapshot, now, judge_streams=False)
+            group.streams.add(stream)
+            self._judge(stream, snapshot, now)
 
     def _close_stream(self, stream: _Stream) -> None:
         self._open -= 1
@@ -175,7 +196,7 @@ class StreamRegistry:
             group.streams.discard(stream)
             if not group.streams:
                 del self._groups[stream.key.spec]
-        stream.wake_at = math.inf  # its timer, if any, is dropped when it comes up
+        stream.wake_at = _CLOSED  # its timer, if any, is dropped when it comes up
         if self._closing and not self._open:
             self._ended.set()
 
@@ -188,9 +209,13 @@ class StreamRegistry:
         version = self._hub.current.version
         try:
             while not self._closing:
-                with anyio.CancelScope(deadline=self._next_deadline()) as self._sleep:
-                    await self._hub.wait_newer(version)
-                self._sleep = None
+                if self._arriving:
+                    # Let the requests that came with a burst of opens have their turn.
+                    await anyio.lowlevel.checkpoint()
+                else:
+                    with anyio.CancelScope(deadline=self._next_deadline()) as self._sleep:
+                        await self._hub.wait_newer(version)
+                    self._sleep = None
                 snapshot = self._hub.current
                 version = snapshot.version
                 now = anyio.current_time()
@@ -198,6 +223,7 @@ class StreamRegistry:
                     if group.raw_version != version or now > group.fresh_until:
                         self._refresh(group, snapshot, now, judge_streams=True)
                 self._fire_timers(snapshot, now)
+                self._admit(snapshot, now)
         finally:
             self._running = False
 
@@ -263,9 +289,12 @@ class StreamRegistry:
             return
         stream.wake_at = at
         heapq.heappush(self._timers, (at, next(self._sequence), stream))
-        sleep = self._sleep
-        if sleep is not None and at < sleep.deadline:
-            sleep.deadline = at  # the driver sleeps until a later deadline: wake it sooner
+        if self._sleep is not None and at < self._sleep.deadline:
+            self._sleep.deadline = at  # the driver sleeps until a later deadline: sooner
+
+    def _wake_driver(self) -> None:
+        if self._sleep is not None:
+            self._sleep.cancel()
 
     def _log_failure(self, group: _Group, reason: str) -> None:
         if group.failure is None and group.streams:
@@ -297,8 +326,10 @@ class StreamRegistry:
         for group in self._groups.values():
             for stream in group.streams:
                 stream.fail(_Closed())
-        if self._sleep is not None:
-            self._sleep.cancel()
+        for stream in self._arriving:
+            stream.fail(_Closed())
+        self._arriving.clear()
+        self._wake_driver()
 
     async def wait_streams_ended(self) -> None:
         """After :meth:`begin_shutdown`, until every stream handler has returned."""
