@@ -65,6 +65,27 @@ def test_flags_override_the_environment(monkeypatch: pytest.MonkeyPatch) -> None
     assert build_parser().parse_args(["serve", "--port", "7001"]).port == 7001
 
 
+def test_a_bad_variable_is_not_read_when_its_flag_is_given(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("KEDA_GPU_SCALER_PORT", "abc")
+    assert build_parser().parse_args(["serve", "--port", "7001"]).port == 7001
+
+
+def test_messages_name_the_variable_a_value_came_from(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("KEDA_GPU_SCALER_METRICS_PORT", "7000")
+    args = build_parser().parse_args(["serve", "--probe-port", "7001"])
+    assert cli.named(args, "--metrics-port") == "--metrics-port (KEDA_GPU_SCALER_METRICS_PORT)"
+    assert cli.named(args, "--probe-port") == "--probe-port"
+    assert cli.named(args, "--port") == "--port"
+
+
+def test_the_stream_limit_default_is_the_servers() -> None:
+    from keda_gpu_scaler.serving import server
+
+    assert cli.DEFAULT_MAX_CONCURRENT_STREAMS == server.DEFAULT_MAX_CONCURRENT_STREAMS
+
+
 def _cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "keda_gpu_scaler", *args],
@@ -83,7 +104,14 @@ def _cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedP
         (("serve", "--port", "70000"), {}, "not a TCP port"),
         (("serve",), {"KEDA_GPU_SCALER_PORT": "abc"}, "not a TCP port"),
         (("serve", "--interval", "0"), {}, "must be a positive number"),
-        (("serve", "--max-concurrent-streams", "50"), {}, "at least 100"),
+        (("serve", "--max-concurrent-streams", "50"), {}, "from 100 to 2147483647"),
+        (
+            ("serve",),
+            {"KEDA_GPU_SCALER_MAX_CONCURRENT_STREAMS": "50"},
+            "argument --max-concurrent-streams: must be an integer from 100 to 2147483647: '50' "
+            "(from KEDA_GPU_SCALER_MAX_CONCURRENT_STREAMS)",
+        ),
+        (("serve",), {"KEDA_GPU_SCALER_INTERVAL": "-1"}, "(from KEDA_GPU_SCALER_INTERVAL)"),
         (("serve", "--source", "replay:/nonexistent.jsonl"), {}, "cannot read replay trace"),
         (("serve", "--source", "sim"), {}, 'unknown source "sim"'),
         (

@@ -69,7 +69,8 @@ def test_csv_header_once_with_an_interval() -> None:
 
 
 def test_device_filter_and_environment_scope() -> None:
-    assert json.loads(_run("--source", "replay", "--format", "json", "--device", "1").stdout) == []
+    chosen = _run("--source", "replay", "--format", "json", "--device", "0")
+    assert [r["index"] for r in json.loads(chosen.stdout)] == [0]
     scoped = _run("--source", "replay", "--format", "json", env={"CUDA_VISIBLE_DEVICES": "0"})
     assert len(json.loads(scoped.stdout)) == 1
 

@@ -45,6 +45,10 @@ async def test_sigterm_with_500_open_streams_exits_cleanly_within_2_s() -> None:
         "127.0.0.1",
         "--port",
         "0",
+        "--metrics-port",
+        "0",
+        "--probe-port",
+        "0",
     ]
     async with await anyio.open_process(command) as process:
         port = await _serving_port(process)
@@ -82,7 +86,10 @@ async def test_sigterm_with_500_open_streams_exits_cleanly_within_2_s() -> None:
 
 
 async def test_nvml_source_without_nvml_is_one_clear_error() -> None:
-    command = [sys.executable, "-m", "keda_gpu_scaler", "serve", "--source", "nvml", "--port", "0"]
+    command = [
+        *(sys.executable, "-m", "keda_gpu_scaler", "serve", "--source", "nvml"),
+        *("--host", "127.0.0.1", "--port", "0", "--metrics-port", "0", "--probe-port", "0"),
+    ]
     result = await anyio.run_process(command, check=False)
     assert result.returncode == 2
     lines = result.stderr.decode().strip().splitlines()

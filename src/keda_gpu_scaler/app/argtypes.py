@@ -28,3 +28,14 @@ def port(text: str) -> int:
 
 def positive_int(text: str) -> int:
     return bounded_int(text, low=1, high=2**63 - 1, meaning="must be a positive integer")
+
+
+def tap_address(text: str) -> str:
+    """``HOST:PORT`` (``[v6]:PORT`` for an IPv6 address) with a TCP port from 1 to 65535."""
+    host, sep, number = text.rpartition(":")
+    if not sep or not host or host == "[]":
+        raise argparse.ArgumentTypeError(f"not HOST:PORT: {text!r}")
+    if host.count(":") and not (host.startswith("[") and host.endswith("]")):
+        raise argparse.ArgumentTypeError(f"an IPv6 address goes in brackets, [::1]:9090: {text!r}")
+    bounded_int(number, low=1, high=65535, meaning=f"not a TCP port (1-65535) in {text!r}")
+    return text

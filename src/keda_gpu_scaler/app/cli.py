@@ -5,39 +5,46 @@ Every flag can also be set from an environment variable, named in its help text.
 
 from __future__ import annotations
 
-import argparse
-import ipaddress
-import logging
-import os
-import signal
-import sys
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
-from functools import partial
-from pathlib import Path
-from typing import Any
+try:
+    import argparse
+    import ipaddress
+    import logging
+    import os
+    import signal
+    from collections.abc import Callable, Sequence
+    from dataclasses import dataclass
+    from functools import partial
+    from pathlib import Path
+    from typing import TYPE_CHECKING, Any
 
-import anyio
+    from keda_gpu_scaler import __version__
+    from keda_gpu_scaler.app.argtypes import bounded_int, port, positive_float, tap_address
+    from keda_gpu_scaler.app.exits import exit_status
+    from keda_gpu_scaler.app.listen import ListenError, check_listen
+    from keda_gpu_scaler.app.logs import LEVELS, configure_logging
 
-from keda_gpu_scaler import __version__
-from keda_gpu_scaler.app.argtypes import bounded_int, port, positive_float
-from keda_gpu_scaler.app.compose import EngineOptions, build_source, open_scaler
-from keda_gpu_scaler.app.logs import LEVELS, configure_logging
-from keda_gpu_scaler.domain.errors import SourceUnavailable
-from keda_gpu_scaler.serving.server import DEFAULT_MAX_CONCURRENT_STREAMS
-from keda_gpu_scaler.serving.tls import ReloadingTlsContext, TlsConfig, TlsConfigError
-from keda_gpu_scaler.sources.engines.http import ScrapePolicy
+    if TYPE_CHECKING:
+        from keda_gpu_scaler.serving.tls import ReloadingTlsContext
+except KeyboardInterrupt:  # Ctrl-C while the command loads: quiet, like Ctrl-C later
+    raise SystemExit(130) from None
+
+# Heavy modules (grpclib, httpx, the pipeline) load inside main(), so that a Ctrl-C while
+# they load is handled like any other: quietly, with status 130.
 
 log = logging.getLogger("keda_gpu_scaler")
 
 IpNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
 
 ENV_PREFIX = "KEDA_GPU_SCALER_"
-EXIT_SOURCE_UNAVAILABLE = 2
+DEFAULT_MAX_CONCURRENT_STREAMS = 4096
+"""Equal to ``serving.server.DEFAULT_MAX_CONCURRENT_STREAMS`` (a test checks), without
+loading grpclib before main() runs."""
+MAX_CONCURRENT_STREAMS_RANGE = (100, 2**31 - 1)
 
 
 def _stream_limit(text: str) -> int:
-    return bounded_int(text, low=100, high=2**31 - 1, meaning="must be an integer of at least 100")
+    low, high = MAX_CONCURRENT_STREAMS_RANGE
+    return bounded_int(text, low=low, high=high, meaning=f"must be an integer from {low} to {high}")
 
 
 def _log_level(text: str) -> str:
@@ -73,25 +80,68 @@ class Flag:
     def variable(self) -> str:
         return ENV_PREFIX + self.env
 
+    @property
+    def dest(self) -> str:
+        return self.name.removeprefix("--").replace("-", "_")
+
     def environment_value(self) -> str:
-        value = os.environ.get(self.variable, self.default)
+        return self._raw()[0]
+
+    def _raw(self) -> tuple[str, str | None]:
+        """The value when the flag is not given, and the variable it came from, if any."""
+        value = os.environ.get(self.variable)
         # Kubernetes gives every pod a variable per Service of its namespace; a Service
         # named keda-gpu-scaler yields KEDA_GPU_SCALER_PORT=tcp://10.0.0.7:6000, which is
         # not ours. Such a value is ignored rather than refused.
-        if value.startswith(("tcp://", "udp://", "sctp://")):
-            return self.default
-        return value
+        if value is None or value.startswith(("tcp://", "udp://", "sctp://")):
+            return self.default, None
+        return value, self.variable
 
     def add_to(self, parser: argparse.ArgumentParser) -> None:
         shown = f"default {self.default}" if self.default else "unset by default"
-        # A string default goes through `type` like a typed value, so a bad environment
-        # variable is reported as a usage error naming the flag.
+        # Absent unless given: Flag.fill sets it after parsing, so that an error
+        # in a value from the environment names the variable, not only the flag.
         parser.add_argument(
             self.name,
             type=self.parse,
-            default=self.environment_value(),
+            default=argparse.SUPPRESS,
             help=f"{self.help} (env {self.variable}; {shown})",
         )
+
+    def fill(self, args: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
+        """Set the value from the environment or the default when the flag was not given."""
+        if hasattr(args, self.dest):
+            return
+        raw, variable = self._raw()
+        try:
+            setattr(args, self.dest, self.parse(raw))
+        except argparse.ArgumentTypeError as exc:
+            origin = f" (from {variable})" if variable else ""
+            parser.error(f"argument {self.name}: {exc}{origin}")
+        if variable is not None:
+            args.from_environment[self.dest] = variable
+
+
+def named(args: argparse.Namespace, flag: str) -> str:
+    """``--port``, or ``--port (KEDA_GPU_SCALER_PORT)`` when the value came from there."""
+    variable = getattr(args, "from_environment", {}).get(flag.removeprefix("--").replace("-", "_"))
+    return f"{flag} ({variable})" if variable else flag
+
+
+class _Parser(argparse.ArgumentParser):
+    """Fills in the ``serve`` flags that were not given, once the command line is parsed."""
+
+    serve: argparse.ArgumentParser | None = None
+
+    def parse_known_args(  # type: ignore[override]
+        self, args: Sequence[str] | None = None, namespace: argparse.Namespace | None = None
+    ) -> tuple[argparse.Namespace, list[str]]:
+        parsed, rest = super().parse_known_args(args, namespace)
+        if self.serve is not None and getattr(parsed, "command", None) == "serve":
+            parsed.from_environment = {}
+            for flag in SERVE_FLAGS:
+                flag.fill(parsed, self.serve)
+        return parsed, rest
 
 
 SERVE_FLAGS = (
@@ -171,6 +221,8 @@ SERVE_FLAGS = (
 
 
 def _tls(args: argparse.Namespace) -> ReloadingTlsContext | None:
+    from keda_gpu_scaler.serving.tls import ReloadingTlsContext, TlsConfig, TlsConfigError
+
     if args.tls_cert is None and args.tls_key is None:
         if args.tls_client_ca is not None:
             raise TlsConfigError("--tls-client-ca needs --tls-cert and --tls-key")
@@ -181,17 +233,19 @@ def _tls(args: argparse.Namespace) -> ReloadingTlsContext | None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="keda-gpu-scaler", description=__doc__)
+    parser = _Parser(prog="keda-gpu-scaler", description=__doc__)
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     commands = parser.add_subparsers(dest="command", required=True)
 
     serve = commands.add_parser("serve", help="serve the External Scaler gRPC contract")
     for flag in SERVE_FLAGS:
         flag.add_to(serve)
+    parser.serve = serve
 
     tap = commands.add_parser("tap", help="print the live samples and decisions of a server")
     tap.add_argument(
         "--address",
+        type=tap_address,
         default="127.0.0.1:9090",
         help="HOST:PORT of the server's metrics port (default 127.0.0.1:9090)",
     )
@@ -218,9 +272,32 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-async def _serve(args: argparse.Namespace) -> None:
+def _listeners(args: argparse.Namespace) -> list[tuple[str, int]]:
+    """The ports to listen on, named as the user gave them; refuses gRPC on an HTTP port."""
+    grpc = (named(args, "--port"), args.port)
+    http = [
+        (named(args, f), p)
+        for f, p in (("--metrics-port", args.metrics_port), ("--probe-port", args.probe_port))
+        if p
+    ]
+    for name, number in http:
+        if number == args.port:
+            raise ListenError(
+                f"{name} {number} is also the gRPC port ({grpc[0]}): give it a port of its own "
+                "(only the metrics and probe ports may share one)"
+            )
+    return [grpc, *http]
+
+
+async def _serve(args: argparse.Namespace) -> int:
+    import anyio
+
+    from keda_gpu_scaler.app.compose import EngineOptions, build_source, open_scaler
+    from keda_gpu_scaler.sources.engines.http import ScrapePolicy
+
     source = build_source(args.source, interval_s=args.interval)
     tls = _tls(args)
+    check_listen(named(args, "--host"), args.host, _listeners(args))
     with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
         async with (
             open_scaler(
@@ -258,31 +335,36 @@ async def _serve(args: argparse.Namespace) -> None:
                 break
             tg.cancel_scope.cancel()
     log.info("stopped")
+    return 0
+
+
+def _run(args: argparse.Namespace) -> int:
+    import anyio
+
+    if args.command == "serve":
+        return anyio.run(_serve, args, backend="asyncio")
+    if args.command == "tap":
+        from keda_gpu_scaler.app.tap_client import run_tap
+
+        return run_tap(
+            args.address,
+            source=args.source,
+            device=args.device,
+            metric=args.metric,
+            trigger=args.trigger,
+        )
+    from keda_gpu_scaler.app.demo import run_demo
+
+    anyio.run(run_demo, args.duration, args.every, backend="asyncio")
+    return 0
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    configure_logging(args.log_level)
     try:
-        if args.command == "serve":
-            anyio.run(_serve, args, backend="asyncio")
-        elif args.command == "tap":
-            from keda_gpu_scaler.app.tap_client import run_tap
-
-            return run_tap(
-                args.address,
-                source=args.source,
-                device=args.device,
-                metric=args.metric,
-                trigger=args.trigger,
-            )
-        else:
-            from keda_gpu_scaler.app.demo import run_demo
-
-            anyio.run(run_demo, args.duration, args.every, backend="asyncio")
-    except (SourceUnavailable, TlsConfigError) as exc:
-        print(f"keda-gpu-scaler: {exc}", file=sys.stderr)
-        return EXIT_SOURCE_UNAVAILABLE
-    except KeyboardInterrupt:
-        return 130
-    return 0
+        args = build_parser().parse_args(argv)
+        configure_logging(args.log_level)
+        return _run(args)
+    except SystemExit:
+        raise
+    except BaseException as exc:  # sorted by exit_status; anything unexpected re-raised
+        return exit_status(exc, prog="keda-gpu-scaler")

@@ -7,33 +7,41 @@ documented in docs/gpu-metrics.md.
 
 from __future__ import annotations
 
-import argparse
-import csv
-import io
-import os
-import signal
-import sys
-from collections.abc import Callable, Sequence
-from datetime import UTC, datetime
-from typing import Any
+try:
+    import argparse
+    import csv
+    import io
+    import os
+    import signal
+    import sys
+    from collections.abc import Callable, Sequence
+    from datetime import UTC, datetime
+    from typing import TYPE_CHECKING, Any
 
-import anyio
-import msgspec
+    import anyio
+    import msgspec
 
-from keda_gpu_scaler.app.argtypes import positive_float, positive_int
-from keda_gpu_scaler.app.compose import build_source, open_pipeline
-from keda_gpu_scaler.app.scope import (
-    DeviceFilter,
-    Environment,
-    ScopeError,
-    detect_environment,
-    gpu_scope,
-    parse_device_list,
-)
-from keda_gpu_scaler.domain.catalog import CATALOG, Origin
-from keda_gpu_scaler.domain.errors import SourceUnavailable
-from keda_gpu_scaler.domain.snapshot import DeviceState, Snapshot
-from keda_gpu_scaler.pipeline.supervisor import Sampler
+    from keda_gpu_scaler.app.argtypes import positive_float, positive_int
+    from keda_gpu_scaler.app.exits import EXIT_USAGE, exit_status, find_leaf
+    from keda_gpu_scaler.app.scope import (
+        Device,
+        DeviceFilter,
+        Environment,
+        ScopeError,
+        detect_environment,
+        gpu_scope,
+        parse_device_list,
+    )
+    from keda_gpu_scaler.domain.catalog import CATALOG, Origin
+    from keda_gpu_scaler.domain.snapshot import DeviceState, Snapshot
+
+    if TYPE_CHECKING:
+        from keda_gpu_scaler.pipeline.supervisor import Sampler
+except KeyboardInterrupt:  # Ctrl-C while the command loads: quiet, like Ctrl-C later
+    raise SystemExit(130) from None
+
+# The pipeline (and what it imports) loads inside main(): a Ctrl-C while it loads is then
+# handled like any other, quietly with status 130.
 
 FORMATS = ("table", "json", "csv", "jsonl")
 GPU_METRICS = tuple(info for info in CATALOG.values() if info.origin is Origin.GPU)
@@ -41,6 +49,7 @@ FIELDS = (
     "time",
     "node",
     "index",
+    "gpu_instance_id",
     "uuid",
     "name",
     "status",
@@ -48,7 +57,6 @@ FIELDS = (
     "memory_total_mib",
 )
 FIRST_READING_TIMEOUT_S = 10.0
-EXIT_USAGE = 2
 _ENCODER = msgspec.json.Encoder()
 
 
@@ -72,6 +80,7 @@ def record(device: DeviceState, now: float, *, node: str, stamp: str) -> dict[st
         "time": stamp,
         "node": node,
         "index": device.index,
+        "gpu_instance_id": reading.gpu_instance_id if reading else None,
         "uuid": device.key,
         "name": reading.name if reading else None,
         "status": status,
@@ -89,43 +98,95 @@ def _cell(value: Any, digits: int = 0) -> str:
     return f"{value:.{digits}f}" if isinstance(value, float) else str(value)
 
 
-def render_table(rows: list[dict[str, Any]]) -> str:
-    header = ("GPU", "NAME", "UTIL%", "SM%", "MEM MiB", "MEM%", "TEMP C", "POWER W", "STATUS")
-    lines = [header]
-    for r in rows:
-        memory = f"{_cell(r['memory_used_mib'])}/{_cell(r['memory_total_mib'])}"
-        lines.append(
-            (
-                str(r["index"]),
-                str(r["name"]),
-                _cell(r["gpu_utilization"]),
-                _cell(r["sm_active"], 1),
-                memory,
-                _cell(r["memory_used_percent"], 1),
-                _cell(r["temperature"]),
-                _cell(r["power_draw"], 1),
-                r["status"],
-            )
+_HEADER = ("GPU", "NAME", "UTIL%", "SM%", "MEM MiB", "MEM%", "TEMP C", "POWER W", "STATUS")
+# Wide enough for every usual value ("7:14", "100.0", "1000.0", "stale"), so that a live
+# table does not shift as the readings change; NAME and MEM MiB are constant per GPU.
+_MIN_WIDTHS = (4, 0, 5, 5, 0, 5, 6, 7, 6)
+_LEFT = frozenset({1, 8})
+
+
+def _label(row: dict[str, Any]) -> str:
+    """``0`` for GPU 0, ``0:1`` for its MIG GPU instance 1, as nvidia-smi names them."""
+    instance = row.get("gpu_instance_id")
+    return str(row["index"]) if instance is None else f"{row['index']}:{instance}"
+
+
+def _memory(row: dict[str, Any]) -> str:
+    total = _cell(row["memory_total_mib"])
+    return f"{_cell(row['memory_used_mib']):>{len(total)}}/{total}"
+
+
+def _table_lines(rows: list[dict[str, Any]]) -> list[tuple[str, ...]]:
+    return [_HEADER] + [
+        (
+            _label(r),
+            str(r["name"]),
+            _cell(r["gpu_utilization"]),
+            _cell(r["sm_active"], 1),
+            _memory(r),
+            _cell(r["memory_used_percent"], 1),
+            _cell(r["temperature"]),
+            _cell(r["power_draw"], 1),
+            r["status"],
         )
-    widths = [max(len(line[i]) for line in lines) for i in range(len(header))]
+        for r in rows
+    ]
+
+
+def column_widths(rows: list[dict[str, Any]], *, at_least: Sequence[int] = ()) -> list[int]:
+    """The width of each table column: its widest cell, and never less than ``at_least``."""
+    lines = _table_lines(rows)
+    floor = list(at_least) or [0] * len(_HEADER)
+    return [
+        max(floor[i], _MIN_WIDTHS[i], *(len(line[i]) for line in lines))
+        for i in range(len(_HEADER))
+    ]
+
+
+def render_table(rows: list[dict[str, Any]], *, widths: Sequence[int] = ()) -> str:
+    """The rows as aligned columns (numbers to the right), at least ``widths`` wide."""
+    final = column_widths(rows, at_least=widths)
     return "\n".join(
-        "  ".join(c.ljust(w) for c, w in zip(line, widths, strict=True)).rstrip() for line in lines
+        "  ".join(
+            cell.ljust(width) if i in _LEFT else cell.rjust(width)
+            for i, (cell, width) in enumerate(zip(line, final, strict=True))
+        ).rstrip()
+        for line in _table_lines(rows)
     )
 
 
 class Printer:
-    """Writes rows in one format; the CSV header is written once per run."""
+    """Writes rows in one format; the CSV header is written once per run.
 
-    def __init__(self, fmt: str, *, watch: bool, out: Callable[[str], None]) -> None:
+    A live table (``watch``) redraws in place under a title line (node, time, period, how
+    to stop), and its columns never narrow, so the figures stay where the eye expects them.
+    """
+
+    def __init__(
+        self,
+        fmt: str,
+        *,
+        watch: bool,
+        out: Callable[[str], None],
+        node: str = "",
+        interval_s: float | None = None,
+    ) -> None:
         self._fmt = fmt
         self._watch = watch
         self._out = out
+        self._node = node
+        self._interval_s = interval_s
         self._header_done = False
+        self._widths: list[int] = []
 
     def emit(self, rows: list[dict[str, Any]], *, continuous: bool) -> None:
         if self._fmt == "table":
-            prefix = "\x1b[H\x1b[2J" if self._watch else ""
-            self._out(prefix + render_table(rows) + "\n")
+            if self._watch:
+                self._widths = column_widths(rows, at_least=self._widths)
+            table = render_table(rows, widths=self._widths)
+            if self._watch:
+                table = "\x1b[H\x1b[2J" + self._title() + "\n\n" + table
+            self._out(table + "\n")
         elif self._fmt == "jsonl":
             self._out("".join(_ENCODER.encode(r).decode() + "\n" for r in rows))
         elif self._fmt == "json":
@@ -137,6 +198,11 @@ class Printer:
             self._out(text.decode() + "\n")
         else:
             self._out(self._csv(rows))
+
+    def _title(self) -> str:
+        stamp = datetime.now(UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+        every = f"every {self._interval_s:g} s" if self._interval_s else ""
+        return "  ".join(p for p in (f"node {self._node}", stamp, every, "Ctrl-C to stop") if p)
 
     def _csv(self, rows: list[dict[str, Any]]) -> str:
         buffer = io.StringIO()
@@ -153,17 +219,32 @@ def _rows(snapshot: Snapshot, plan: Plan, now: float) -> list[dict[str, Any]]:
     return [
         record(d, now, node=plan.environment.node, stamp=stamp)
         for d in snapshot.ordered_devices()
-        if plan.devices.allows(d.index, d.key)
+        if plan.devices.allows(d.index, d.key, _instance(d))
     ]
 
 
+def _instance(device: DeviceState) -> int | None:
+    return device.reading.gpu_instance_id if device.reading else None
+
+
+def _check_scope(snapshot: Snapshot, scope: DeviceFilter) -> None:
+    """Every entry of ``--device`` (or the scope variable) must select a device."""
+    devices = [Device(d.index, d.key, _instance(d)) for d in snapshot.ordered_devices()]
+    scope.check(devices)
+    if scope.none:
+        print(f'gpu-metrics: {scope.origin}="{scope.given}" grants no GPU', file=sys.stderr)
+
+
 async def _show(plan: Plan, source: Sampler, printer: Printer) -> None:
+    from keda_gpu_scaler.app.compose import open_pipeline
+
     async with open_pipeline(source) as pipeline:
         with anyio.fail_after(FIRST_READING_TIMEOUT_S):
             first = await pipeline.hub.wait_newer(0)
             # GPM metrics are computed between two samples and PCIe is read beside the
             # cycle: the first cycle lacks them, so show the second.
             await pipeline.hub.wait_newer(first.version)
+        _check_scope(pipeline.hub.current, plan.devices)
         if plan.interval_s is None:
             printer.emit(_rows(pipeline.hub.current, plan, anyio.current_time()), continuous=False)
             return
@@ -199,13 +280,14 @@ def build_parser() -> argparse.ArgumentParser:
         "--interval",
         type=positive_float,
         default=None,
-        help="print every INTERVAL seconds until interrupted",
+        help="print every INTERVAL seconds until interrupted (default: once; 1 with --count"
+        " or --watch)",
     )
     parser.add_argument(
         "--count",
         type=positive_int,
         default=None,
-        help="stop after COUNT samples (with --interval)",
+        help="stop after COUNT samples, taken every --interval seconds (default 1)",
     )
     parser.add_argument(
         "--watch",
@@ -215,7 +297,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--device",
         default=None,
-        help="GPUs to show: indices or UUIDs, comma-separated "
+        help="GPUs to show: indices, GPU:GI labels of MIG instances or UUIDs, comma-separated "
         "(default: what the job's environment grants)",
     )
     parser.add_argument(
@@ -237,7 +319,8 @@ def make_plan(args: argparse.Namespace, env: dict[str, str]) -> Plan:
         if args.device is not None
         else gpu_scope(env)
     )
-    interval = args.interval if args.interval is not None else (1.0 if args.watch else None)
+    repeats = args.watch or args.count is not None
+    interval = args.interval if args.interval is not None else (1.0 if repeats else None)
     return Plan(
         args.source, args.format, interval, args.watch, args.count, detect_environment(env), devices
     )
@@ -262,17 +345,34 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(msgspec.json.format(msgspec.json.encode(plan), indent=2).decode())
         return 0
     try:
-        source = build_source(plan.source, interval_s=min(plan.interval_s or 1.0, 1.0))
-        printer = Printer(plan.format, watch=plan.watch, out=_write)
+        return _measure(plan)
+    except SystemExit:
+        raise
+    except BaseException as exc:  # sorted by exit_status; anything unexpected re-raised
+        return exit_status(exc, prog="gpu-metrics")
+
+
+def _measure(plan: Plan) -> int:
+    from keda_gpu_scaler.app.compose import build_source
+
+    source = build_source(plan.source, interval_s=min(plan.interval_s or 1.0, 1.0))
+    printer = Printer(
+        plan.format,
+        watch=plan.watch,
+        out=_write,
+        node=plan.environment.node,
+        interval_s=plan.interval_s,
+    )
+    try:
         anyio.run(_run, plan, source, printer, backend="asyncio")
-    except SourceUnavailable as exc:
-        print(f"gpu-metrics: {exc}", file=sys.stderr)
-        return EXIT_USAGE
-    except TimeoutError:
-        print(f"gpu-metrics: no reading within {FIRST_READING_TIMEOUT_S:g} s", file=sys.stderr)
-        return 1
-    except BrokenPipeError:
-        return 0
+    except Exception as exc:
+        if (scope := find_leaf(exc, ScopeError)) is not None:
+            print(f"gpu-metrics: {scope}", file=sys.stderr)
+            return EXIT_USAGE
+        if find_leaf(exc, TimeoutError) is not None:
+            print(f"gpu-metrics: no reading within {FIRST_READING_TIMEOUT_S:g} s", file=sys.stderr)
+            return 1
+        raise
     return 0
 
 

@@ -21,6 +21,7 @@ from keda_gpu_scaler.domain.samples import Batch, Sample
 from keda_gpu_scaler.sources.trace import (
     Identity,
     TraceFrame,
+    decode_trace,
     frame_to_reading,
     parse_trace,
     trace_period,
@@ -64,9 +65,10 @@ class ReplaySampler:
     @classmethod
     def from_path(cls, path: Path, *, loop: bool = True) -> ReplaySampler:
         try:
-            text = path.read_text(encoding="utf-8")
+            data = path.read_bytes()
         except OSError as exc:
             raise SourceUnavailable(f"cannot read replay trace {path}: {exc.strerror}") from exc
+        text = decode_trace(data, origin=str(path))
         return cls(parse_trace(text.splitlines(), origin=str(path)), name="replay", loop=loop)
 
     @classmethod

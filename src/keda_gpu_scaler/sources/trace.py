@@ -20,9 +20,11 @@ and ``compute_instance_id``.
 
 from __future__ import annotations
 
+import gzip
 import itertools
 import re
 import statistics
+import zlib
 from collections.abc import Iterable
 from typing import Any
 
@@ -101,6 +103,22 @@ _NO_GPM = GpmFrame()
 
 _DECODER = msgspec.json.Decoder(TraceFrame)
 _ENCODER = msgspec.json.Encoder()
+
+
+def decode_trace(data: bytes, *, origin: str = "trace") -> str:
+    """The text of a trace file: UTF-8, or gzip-compressed UTF-8 (``record ... | gzip``)."""
+    if data[:2] == b"\x1f\x8b":
+        try:
+            data = gzip.decompress(data)
+        except (OSError, EOFError, zlib.error) as exc:
+            raise SourceUnavailable(f"{origin}: a damaged gzip file ({exc})") from exc
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise SourceUnavailable(
+            f"{origin}: not a trace (JSON lines in UTF-8, or gzipped): "
+            f"byte {exc.start} is not UTF-8 text"
+        ) from None
 
 
 def parse_trace(lines: Iterable[str], *, origin: str = "trace") -> list[TraceFrame]:
