@@ -36,6 +36,7 @@ from keda_gpu_scaler.app.compose import open_scaler
 from keda_gpu_scaler.domain.errors import ScalerError
 from keda_gpu_scaler.serving._proto.externalscaler import IsActiveResponse, ScaledObjectRef
 from keda_gpu_scaler.serving.tls import (
+    HandshakeFailureLog,
     ReloadingTlsContext,
     TlsConfig,
     TlsConfigError,
@@ -365,6 +366,78 @@ async def test_plaintext_on_the_tls_port_fails(
     assert caught.value.code() == grpc.StatusCode.UNAVAILABLE
 
 
+def _rejections(caplog: pytest.LogCaptureFixture) -> list[logging.LogRecord]:
+    return [r for r in caplog.records if r.getMessage() == "TLS handshake rejected"]
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize(
+    ("client", "reason"),
+    [
+        ("none", "peer did not return a certificate: the client sent no certificate"),
+        ("stranger", "client certificate refused: unable to get local issuer certificate"),
+        ("plaintext", "the client does not speak TLS (plaintext on the TLS port?)"),
+    ],
+)
+async def test_a_rejected_handshake_is_logged_with_its_reason_once_a_minute(
+    fake_gpus: FakeGpuSource,
+    volume: SecretVolume,
+    pki: Pki,
+    grpcio_modules: GrpcioModules,
+    caplog: pytest.LogCaptureFixture,
+    client: str,
+    reason: str,
+) -> None:
+    caplog.set_level(logging.INFO, logger="keda_gpu_scaler.serving.tls")
+
+    def attempt(port: int) -> None:
+        if client == "plaintext":
+            with grpc.insecure_channel(f"{HOST}:{port}") as channel:
+                stub = grpcio_modules.pb2_grpc.ExternalScalerStub(channel)
+                call: Callable[[], Any] = partial(
+                    stub.IsActive, ref(grpcio_modules, TRIGGER), timeout=5
+                )
+                with pytest.raises(grpc.RpcError):
+                    call()
+            return
+        identity = pki.stranger if client == "stranger" else None
+        with pytest.raises(grpc.RpcError):
+            _grpcio(port, grpcio_modules, _credentials(pki, identity))
+
+    tls = ReloadingTlsContext(volume.config(mtls=True))
+    async with _serving(fake_gpus, tls) as port:
+        for _ in range(3):
+            await anyio.to_thread.run_sync(attempt, port)
+    [logged] = _rejections(caplog)  # three refusals, one line: the same reason within a minute
+    assert logged.levelno == logging.WARNING
+    assert reason in logged.__dict__["reason"]
+    assert tls.handshake_failures.failures >= 3
+
+
+def test_rejections_are_logged_again_after_the_interval_with_the_count_in_between(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.INFO, logger="keda_gpu_scaler.serving.tls")
+    now = [0.0]
+    failures = HandshakeFailureLog(interval_s=60.0, clock=lambda: now[0])
+    no_cert = ssl.SSLError(1, "[SSL: PEER_DID_NOT_RETURN_A_CERTIFICATE] peer did not return")
+    no_cert.reason = "PEER_DID_NOT_RETURN_A_CERTIFICATE"
+    other = ssl.SSLError(1, "[SSL: NO_SHARED_CIPHER] no shared cipher")
+    other.reason = "NO_SHARED_CIPHER"
+    for at, error in [(0, no_cert), (1, no_cert), (2, other), (59, no_cert), (60, no_cert)]:
+        now[0] = float(at)
+        failures.record(error)
+    assert [
+        (r.__dict__["reason"].split(":")[0], r.__dict__["also_rejected_since_last_log"])
+        for r in _rejections(caplog)
+    ] == [
+        ("peer did not return a certificate", 0),
+        ("no shared cipher", 0),
+        ("peer did not return a certificate", 2),
+    ]
+    assert failures.failures == 5
+
+
 @pytest.mark.anyio
 @pytest.mark.parametrize("client", ["none", "stranger"])
 async def test_mtls_refuses_clients_without_a_certificate_from_the_ca(
@@ -410,7 +483,8 @@ async def test_rotation_reaches_new_connections_and_spares_open_ones(
         assert await _peer_serial(kept) == pki.server.serial
     assert tls.context is listener_context
     assert tls.statistics() == TlsStatistics(reloads=1, failed_reloads=0, last_error=None)
-    assert f"TLS files reloaded: new connections use {volume.root / 'tls.crt'}" in caplog.messages
+    [reloaded] = [r for r in caplog.records if r.getMessage() == "TLS files reloaded"]
+    assert reloaded.__dict__["cert_file"] == str(volume.root / "tls.crt")
 
 
 @pytest.mark.anyio
@@ -481,9 +555,8 @@ async def test_a_bad_rotation_keeps_the_previous_files_until_fixed(
     assert fixed.peer_der == pki.rotated.der
     assert tls.statistics() == TlsStatistics(reloads=1, failed_reloads=1, last_error=None)
     [failure] = [r for r in caplog.records if r.levelno == logging.ERROR]
-    assert failure.getMessage().startswith(
-        f"TLS reload failed, new connections keep the previous files: {expected}"
-    )
+    assert failure.getMessage() == "TLS reload failed; new connections keep the previous files"
+    assert failure.__dict__["reason"].startswith(expected)
 
 
 @pytest.mark.trio

@@ -6,6 +6,11 @@ OpenSSL runs early in every handshake (with or without SNI), moves the connectio
 *current* inner context: certificate, key, client-CA store and ALPN all come from there.
 Connections already open keep the context they were made with.
 
+asyncio drops a failed handshake silently (an ``SSLError`` is an ``OSError``, logged only in
+asyncio's debug mode), which leaves a mutual-TLS problem invisible from the server. The
+listener's ``SSLObject`` class therefore logs each failure with OpenSSL's reason, at most
+once per reason per minute, with the number of failures left unlogged in between.
+
 Errors:
 
     TlsConfigError   permanent at start-up: fix the file or the flag named in the message.
@@ -19,6 +24,7 @@ import errno
 import logging
 import re
 import ssl
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -45,6 +51,8 @@ ALPN_PROTOCOLS = ("h2",)
 
 # "[SSL] PEM lib (_ssl.c:3926)" → "PEM lib"
 _SSL_NOISE = re.compile(r"^\[\w+\] |:? ?\(_ssl\.c:\d+\)$")
+
+HANDSHAKE_LOG_INTERVAL_S = 60.0
 
 # How an OSError from reading a file reads in a message (errno → problem).
 _OS_PROBLEMS = {
@@ -105,6 +113,8 @@ class ReloadingTlsContext:
         self._outer = build_server_context(config)
         self._current = self._outer
         self._outer.sni_callback = self._use_current
+        self.handshake_failures = HandshakeFailureLog()
+        self._outer.sslobject_class = self.handshake_failures.sslobject_class()
         self._reloads = 0
         self._failed_reloads = 0
         self._last_error: str | None = None
@@ -128,12 +138,15 @@ class ReloadingTlsContext:
         except TlsConfigError as exc:
             self._failed_reloads += 1
             self._last_error = str(exc)
-            log.error("TLS reload failed, new connections keep the previous files: %s", exc)
+            log.error(
+                "TLS reload failed; new connections keep the previous files",
+                extra={"reason": str(exc)},
+            )
             return False
         self._current = context
         self._reloads += 1
         self._last_error = None
-        log.info("TLS files reloaded: new connections use %s", self.config.cert_file)
+        log.info("TLS files reloaded", extra={"cert_file": str(self.config.cert_file)})
         return True
 
     async def watch(
@@ -158,6 +171,78 @@ class ReloadingTlsContext:
         current = self._current
         if current is not outer:
             ssl_object.context = current
+
+
+class HandshakeFailureLog:
+    """Logs rejected handshakes by reason, each reason at most once per ``interval_s``.
+
+    ``clock`` is monotonic seconds; the hook runs inside OpenSSL's callback path, outside
+    any task, where anyio's clock cannot be read.
+    """
+
+    def __init__(
+        self,
+        *,
+        interval_s: float = HANDSHAKE_LOG_INTERVAL_S,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.interval_s = interval_s
+        self._clock = clock
+        self._logged_at: dict[str, float] = {}
+        self._unlogged: dict[str, int] = {}
+        self.failures = 0
+
+    def record(self, exc: ssl.SSLError) -> None:
+        self.failures += 1
+        reason = handshake_reason(exc)
+        now = self._clock()
+        last = self._logged_at.get(reason)
+        if last is not None and now - last < self.interval_s:
+            self._unlogged[reason] = self._unlogged.get(reason, 0) + 1
+            return
+        self._logged_at[reason] = now
+        log.warning(
+            "TLS handshake rejected",
+            extra={
+                "reason": reason,
+                "also_rejected_since_last_log": self._unlogged.pop(reason, 0),
+            },
+        )
+
+    def sslobject_class(self) -> type[SSLObject]:
+        failures = self
+
+        class _LoggedSSLObject(SSLObject):
+            def do_handshake(self) -> None:
+                try:
+                    super().do_handshake()
+                except (ssl.SSLWantReadError, ssl.SSLWantWriteError):
+                    raise  # more bytes to come: not a failure
+                except ssl.SSLError as exc:
+                    failures.record(exc)
+                    raise
+
+        return _LoggedSSLObject
+
+
+def handshake_reason(exc: ssl.SSLError) -> str:
+    """What went wrong, in words an operator can act on."""
+    verify = getattr(exc, "verify_message", None)
+    if verify:
+        return f"client certificate refused: {verify}"
+    reason = _ssl_reason(exc)
+    hints = {
+        "peer did not return a certificate": "the client sent no certificate (mutual TLS)",
+        "wrong version number": "the client does not speak TLS (plaintext on the TLS port?)",
+        "http request": "the client does not speak TLS (plaintext on the TLS port?)",
+        "no shared cipher": "no cipher in common with the client",
+        "unsupported protocol": "the client offers only TLS older than 1.2",
+        "tlsv1 alert unknown ca": "the client does not trust this server's certificate",
+        "sslv3 alert bad certificate": "the client refused this server's certificate",
+        "sslv3 alert certificate unknown": "the client refused this server's certificate",
+    }
+    hint = hints.get(reason)
+    return f"{reason}: {hint}" if hint else reason
 
 
 _Signature = tuple[tuple[int, int, int, int] | None, ...]
