@@ -260,13 +260,20 @@ class _Handler(Handler):
     """grpclib's handler, forgetting finished request tasks at a constant cost per request.
 
     grpclib rebuilds its table of request tasks every ten requests; with a thousand open
-    streams in it that is a hundred steps per request. Rebuilt once the table could have
-    doubled, the work per request stays constant.
+    streams in it that is a hundred steps per request. Swept again once as many requests
+    have come as tasks were left by the last sweep, the work per request stays constant and
+    the table stays within twice its live size.
     """
 
-    @property
-    def __gc_interval__(self) -> int:  # type: ignore[override]
-        return max(10, len(self._tasks))
+    _since_sweep = 0
+    _left_by_sweep = 0
+
+    def __gc_step__(self) -> None:
+        self._since_sweep += 1
+        if self._since_sweep >= max(10, self._left_by_sweep):
+            self.__gc_collect__()
+            self._since_sweep = 0
+            self._left_by_sweep = len(self._tasks)
 
 
 class _Server(Server):
