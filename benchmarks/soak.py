@@ -9,10 +9,10 @@ alive, unary p50/p99 over that window, messages per stream, server CPU as a shar
 core, server RSS, and h2's table of closed streams. At the end: the burst figures (slowest
 unary call while the streams opened, UNAVAILABLE answers) and the totals after warm-up.
 
-While the streams open, a second client process sends unary calls at the same rate on a
-connection of its own: the streams' own connection also carries their headers ahead of any
-call sent after them, and its client is busy opening them, so the second client shows what
-the server itself adds.
+A second client process sends unary calls at 20 per second on a connection of its own for
+the whole run: the streams' own connection carries their headers ahead of any call sent after
+them, and its client is busy with a thousand streams of its own, so the second client shows
+what the server itself adds.
 
 ``--baseline TREE`` first runs the same soak against the checkout at TREE (its ``src`` on
 PYTHONPATH), so two versions are compared in one run, one after the other.
@@ -133,7 +133,10 @@ class Result:
     burst_probe_max_ms: float = math.nan
     """Unary calls of a second client on a connection of its own, around the burst."""
     burst_probe_p99_ms: float = math.nan
-    burst_probe_errors: int = 0
+    probe_p50_ms: float = math.nan
+    """The second client's calls after warm-up: latency without the streams' client."""
+    probe_p99_ms: float = math.nan
+    probe_errors: int = 0
     windows: list[Window] = field(default_factory=list)
     unary_p50_ms: float = math.nan
     unary_p99_ms: float = math.nan
@@ -224,11 +227,11 @@ def _mb(text: str) -> float:
     return int(text) / 2**20
 
 
-PROBE_S = 6.0
-"""How long the second client sends its calls, from a second before the burst."""
+PROBE_RATE = 20.0
+"""Calls per second of the second client."""
 
 
-async def probe(port: int, pb2_dir: Path, rate: float) -> None:
+async def probe(port: int, pb2_dir: Path, rate: float, seconds: float) -> None:
     """The second client: unary calls on a connection of its own, latencies printed as JSON."""
     import grpc
 
@@ -237,24 +240,31 @@ async def probe(port: int, pb2_dir: Path, rate: float) -> None:
         load = Load(pb2, pb2_grpc, channel, 1)
         await channel.channel_ready()
         print("ready", flush=True)
-        await load.unary_loop(rate, time.monotonic() + PROBE_S)
-    print(json.dumps({"latencies": [s for _, s in load.unary], "errors": load.errors}))
+        await load.unary_loop(rate, time.monotonic() + seconds)
+    print(json.dumps({"unary": load.unary, "errors": load.errors}))
 
 
-def _start_probe(port: int, pb2_dir: Path, rate: float) -> subprocess.Popen[str]:
+def _start_probe(port: int, pb2_dir: Path, seconds: float) -> subprocess.Popen[str]:
     command = [sys.executable, __file__, "--probe", str(port), "--pb2-dir", str(pb2_dir)]
-    process = subprocess.Popen([*command, "--rate", str(rate)], stdout=subprocess.PIPE, text=True)
+    command += ["--rate", str(PROBE_RATE), "--duration", str(seconds)]
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, text=True)
     assert process.stdout is not None
     process.stdout.readline()  # connected
     return process
 
 
-def _probe_figures(result: Result, process: subprocess.Popen[str]) -> None:
+def _probe_figures(
+    result: Result, process: subprocess.Popen[str], burst: tuple[float, float], warm_from: float
+) -> None:
     out, _ = process.communicate(timeout=60)
     answer = json.loads(out.strip().splitlines()[-1])
-    result.burst_probe_max_ms = max(answer["latencies"], default=math.nan) * 1000
-    result.burst_probe_p99_ms = percentile(answer["latencies"], 99) * 1000
-    result.burst_probe_errors = sum(answer["errors"].values())
+    during = [s for sent, s in answer["unary"] if burst[0] <= sent <= burst[1]]
+    after = [s for sent, s in answer["unary"] if sent >= warm_from]
+    result.burst_probe_max_ms = max(during, default=math.nan) * 1000
+    result.burst_probe_p99_ms = percentile(during, 99) * 1000
+    result.probe_p50_ms = percentile(after, 50) * 1000
+    result.probe_p99_ms = percentile(after, 99) * 1000
+    result.probe_errors = sum(answer["errors"].values())
 
 
 async def run_one(name: str, tree: Path | None, args: argparse.Namespace, pb2_dir: Path) -> Result:
@@ -262,7 +272,7 @@ async def run_one(name: str, tree: Path | None, args: argparse.Namespace, pb2_di
 
     pb2, pb2_grpc = load_pb2(pb2_dir)
     server = Server(tree, "replay")
-    prober = _start_probe(server.port, pb2_dir, args.rate)
+    prober = _start_probe(server.port, pb2_dir, args.duration)
     result = Result(name, args.duration, args.streams, args.rate)
     try:
         async with grpc.aio.insecure_channel(f"127.0.0.1:{server.port}") as channel:
@@ -277,12 +287,13 @@ async def run_one(name: str, tree: Path | None, args: argparse.Namespace, pb2_di
             streams = [asyncio.create_task(load.stream(i)) for i in range(args.streams)]
             await _until_all_first(load, 60.0)
             burst_done = time.monotonic()
-            await asyncio.to_thread(_probe_figures, result, prober)
             stall, collection = (float(x) * 1000 for x in server.ask("lag").split())
             result.burst_server_stall_ms, result.burst_server_gc_ms = stall, collection
             _burst(result, load, burst_at, burst_done + 1.0)
             await _report(result, server, load, start, end, args.report)
             await unary
+            burst = (burst_at, burst_done + 1.0)
+            await asyncio.to_thread(_probe_figures, result, prober, burst, burst_done + 1.0)
             for task in streams:
                 task.cancel()
             await asyncio.gather(*streams, return_exceptions=True)
@@ -365,13 +376,15 @@ def _summary(result: Result) -> str:
         f"{result.burst_server_stall_ms:.0f} ms at most (longest garbage collection "
         f"{result.burst_server_gc_ms:.0f} ms), slowest unary "
         f"{result.burst_max_unary_ms:.1f} ms on the streams' connection and "
-        f"{result.burst_probe_max_ms:.1f} ms (p99 {result.burst_probe_p99_ms:.1f} ms, "
-        f"{result.burst_probe_errors} errors) on a second client's, "
+        f"{result.burst_probe_max_ms:.1f} ms (p99 {result.burst_probe_p99_ms:.1f} ms) on a "
+        "second client's, "
         f"{result.burst_unavailable} UNAVAILABLE\n"
         + "".join(f"{result.name}: first {k}: {v}\n" for k, v in result.error_reasons.items())
         + f"{result.name}: after warm-up: server CPU {result.cpu_share:.1%} of one core, unary "
         f"p50 {result.unary_p50_ms:.2f} ms p99 {result.unary_p99_ms:.2f} ms over "
-        f"{result.unary_calls} calls, errors {result.errors} {result.error_kinds or ''}, "
+        f"{result.unary_calls} calls (a second client at {PROBE_RATE:g}/s on its own "
+        f"connection: p50 {result.probe_p50_ms:.2f} ms p99 {result.probe_p99_ms:.2f} ms, "
+        f"{result.probe_errors} errors), errors {result.errors} {result.error_kinds or ''}, "
         f"streams alive at the end {result.streams_alive}/{result.streams}, "
         f"{result.messages_per_stream:.1f} messages per stream, RSS {result.rss_warm_mb:.1f} -> "
         f"{result.rss_end_mb:.1f} MB"
@@ -390,7 +403,7 @@ def main() -> None:
     parser.add_argument("--pb2-dir", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.probe is not None:
-        asyncio.run(probe(args.probe, args.pb2_dir, args.rate))
+        asyncio.run(probe(args.probe, args.pb2_dir, args.rate, args.duration))
         return
     runs = [("baseline", args.baseline)] if args.baseline else []
     runs.append(("current", None))

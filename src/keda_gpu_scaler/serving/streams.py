@@ -15,8 +15,9 @@ Why this is enough: while the raw value stays above the threshold, the served va
 below the raw one) does too; while it stays at or under it, the activity can only change when
 a cooldown hold ends, and the hold says when that is.
 
-Opening a stream costs one judgement against the shared measurement, made by the driver for
-up to ``ADMIT_AT_ONCE`` new streams per turn of the event loop, so a burst of opens never
+Opening a stream costs one judgement against the shared measurement. The driver judges at
+most ``JUDGE_AT_ONCE`` streams per turn of the event loop (new ones, due ones, those whose
+spec changed), so a burst of opens, or a thousand heartbeats falling due together, never
 starves the loop. On shutdown every stream ends with status OK.
 """
 
@@ -26,6 +27,7 @@ import heapq
 import itertools
 import logging
 import math
+from collections import deque
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
@@ -43,9 +45,10 @@ from keda_gpu_scaler.serving.decider import Decider
 log = logging.getLogger(__name__)
 
 RPC = "StreamIsActive"
-ADMIT_AT_ONCE = 64
-"""New streams judged per turn of the event loop: a burst of a thousand opens is spread
-over turns, with every other task (a unary call, a sampler) getting its own in between."""
+JUDGE_AT_ONCE = 64
+"""Streams judged per turn of the event loop: a burst of a thousand opens, heartbeats that
+fall due together or a change that flips every stream of a spec is spread over turns, with
+every other task (a unary call, a sampler) getting its own in between."""
 _CLOSED = -math.inf
 _STALE_MARGIN_S = 1e-3
 """Look again this long after a measurement's readings go stale, clear of float rounding."""
@@ -95,6 +98,9 @@ class _Stream:
     wake_at: float = math.inf
     pending: bool | None = None
     error: Exception | None = None
+    admitted: bool = False
+    """In its spec's group: judged once at least."""
+    queued: bool = False
     ready: anyio.Event | None = None
     """Made only while the handler waits: most messages are taken without one."""
 
@@ -140,8 +146,9 @@ class StreamRegistry:
         self._decider = decider
         self._groups: dict[TriggerSpec, _Group] = {}
         self._timers: list[tuple[float, int, _Stream]] = []
-        self._arriving: list[_Stream] = []
-        """Opened, not yet judged: admitted by the driver, ``ADMIT_AT_ONCE`` per turn."""
+        self._queue: deque[_Stream] = deque()
+        """Streams to judge (new ones, due ones, those whose spec changed), in order;
+        ``JUDGE_AT_ONCE`` per turn of the event loop."""
         self._sequence = itertools.count()
         self._sleep: anyio.CancelScope | None = None
         self._running = False
@@ -163,7 +170,7 @@ class StreamRegistry:
             return
         stream = _Stream(key, StreamPacer(key.spec.poll_interval_s))
         self._open += 1
-        self._arriving.append(stream)
+        self._enqueue(stream)
         self._wake_driver()
         try:
             while True:
@@ -175,19 +182,29 @@ class StreamRegistry:
         finally:
             self._close_stream(stream)
 
-    def _admit(self, snapshot: Snapshot, now: float) -> None:
-        """Judge up to ``ADMIT_AT_ONCE`` new streams; the rest wait for the next turn."""
-        batch = self._arriving[:ADMIT_AT_ONCE]
-        del self._arriving[:ADMIT_AT_ONCE]
-        for stream in batch:
+    def _enqueue(self, stream: _Stream) -> None:
+        if not stream.queued:
+            stream.queued = True
+            self._queue.append(stream)
+
+    def _judge_some(self, snapshot: Snapshot, now: float) -> None:
+        """Judge up to ``JUDGE_AT_ONCE`` queued streams; the rest wait for the next turn."""
+        for _ in range(min(JUDGE_AT_ONCE, len(self._queue))):
+            stream = self._queue.popleft()
+            stream.queued = False
             if stream.wake_at == _CLOSED:
-                continue  # gone before its first message
-            group = self._groups.get(stream.key.spec)
-            if group is None:
-                group = self._groups[stream.key.spec] = _Group(stream.key.spec)
-                self._refresh(group, snapshot, now, judge_streams=False)
-            group.streams.add(stream)
+                continue  # gone since it was queued
+            if not stream.admitted:
+                self._admit(stream, snapshot, now)
             self._judge(stream, snapshot, now)
+
+    def _admit(self, stream: _Stream, snapshot: Snapshot, now: float) -> None:
+        group = self._groups.get(stream.key.spec)
+        if group is None:
+            group = self._groups[stream.key.spec] = _Group(stream.key.spec)
+            self._refresh(group, snapshot, now)
+        group.streams.add(stream)
+        stream.admitted = True
 
     def _close_stream(self, stream: _Stream) -> None:
         self._open -= 1
@@ -209,8 +226,8 @@ class StreamRegistry:
         version = self._hub.current.version
         try:
             while not self._closing:
-                if self._arriving:
-                    # Let the requests that came with a burst of opens have their turn.
+                if self._queue:
+                    # Let every other task (a unary call, a sampler) have its turn.
                     await anyio.lowlevel.checkpoint()
                 else:
                     with anyio.CancelScope(deadline=self._next_deadline()) as self._sleep:
@@ -221,9 +238,9 @@ class StreamRegistry:
                 now = anyio.current_time()
                 for group in list(self._groups.values()):
                     if group.raw_version != version or now > group.fresh_until:
-                        self._refresh(group, snapshot, now, judge_streams=True)
-                self._fire_timers(snapshot, now)
-                self._admit(snapshot, now)
+                        self._refresh(group, snapshot, now)
+                self._fire_timers(now)
+                self._judge_some(snapshot, now)
         finally:
             self._running = False
 
@@ -234,10 +251,8 @@ class StreamRegistry:
         fresh = min((g.fresh_until for g in self._groups.values()), default=math.inf)
         return min(timer, fresh + _STALE_MARGIN_S)
 
-    def _refresh(
-        self, group: _Group, snapshot: Snapshot, now: float, *, judge_streams: bool
-    ) -> None:
-        """Measure the group's spec; judge its streams if the raw activity changed."""
+    def _refresh(self, group: _Group, snapshot: Snapshot, now: float) -> None:
+        """Measure the group's spec; queue its streams if the raw activity changed."""
         self._decider.keep_alive(group.spec)
         spec = group.spec
         raw: _Raw
@@ -254,18 +269,15 @@ class StreamRegistry:
         group.raw_version, group.fresh_until = snapshot.version, fresh_until
         changed = raw is not group.raw
         group.raw = raw
-        if changed and judge_streams:
-            for stream in list(group.streams):
-                self._judge(stream, snapshot, now)
+        if changed:
+            for stream in group.streams:
+                self._enqueue(stream)
 
-    def _fire_timers(self, snapshot: Snapshot, now: float) -> None:
+    def _fire_timers(self, now: float) -> None:
         while self._timers and self._timers[0][0] <= now:
             at, _, stream = heapq.heappop(self._timers)
-            if stream.wake_at != at:
-                continue
-            group = self._groups.get(stream.key.spec)
-            if group is not None and stream in group.streams:
-                self._judge(stream, snapshot, now)
+            if stream.wake_at == at:
+                self._enqueue(stream)
 
     def _judge(self, stream: _Stream, snapshot: Snapshot, now: float) -> None:
         hold_ends_at = math.inf
@@ -326,9 +338,9 @@ class StreamRegistry:
         for group in self._groups.values():
             for stream in group.streams:
                 stream.fail(_Closed())
-        for stream in self._arriving:
+        for stream in self._queue:
             stream.fail(_Closed())
-        self._arriving.clear()
+        self._queue.clear()
         self._wake_driver()
 
     async def wait_streams_ended(self) -> None:
