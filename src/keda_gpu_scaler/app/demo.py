@@ -10,6 +10,8 @@ from grpclib.client import Channel
 from grpclib.exceptions import GRPCError
 
 from keda_gpu_scaler.app.compose import open_scaler
+from keda_gpu_scaler.domain.catalog import CATALOG, MetricType
+from keda_gpu_scaler.domain.profiles import PROFILES
 from keda_gpu_scaler.serving._proto.externalscaler import (
     ExternalScalerStub,
     GetMetricsRequest,
@@ -17,11 +19,23 @@ from keda_gpu_scaler.serving._proto.externalscaler import (
 )
 from keda_gpu_scaler.sources.replay import ReplaySampler
 
+_UNITS = {"percent": "%"}
+
 
 @dataclass(frozen=True, slots=True)
 class DemoTrigger:
     label: str
     metadata: dict[str, str]
+
+    @property
+    def unit(self) -> str:
+        profile = PROFILES.get(self.metadata.get("profile", ""))
+        metric = profile.metric_type if profile else MetricType(self.metadata["metricType"])
+        unit = CATALOG[metric].unit
+        return _UNITS.get(unit, unit)
+
+    def without_cooldown(self) -> DemoTrigger:
+        return DemoTrigger(self.label, {**self.metadata, "cooldownSeconds": "0"})
 
 
 DEMO_TRIGGERS = (
@@ -45,18 +59,33 @@ DEMO_TRIGGERS = (
 )
 
 
+async def _value(stub: ExternalScalerStub, ref: ScaledObjectRef, metric_name: str) -> float:
+    request = GetMetricsRequest(scaled_object_ref=ref, metric_name=metric_name)
+    return (await stub.get_metrics(request, timeout=3)).metric_values[0].metric_value_float
+
+
+def _ref(name: str, trigger: DemoTrigger) -> ScaledObjectRef:
+    return ScaledObjectRef(name=name, namespace="default", scaler_metadata=trigger.metadata)
+
+
 async def _poll(stub: ExternalScalerStub, trigger: DemoTrigger) -> str:
-    ref = ScaledObjectRef(name="demo", namespace="default", scaler_metadata=trigger.metadata)
+    ref = _ref("demo", trigger)
     spec = (await stub.get_metric_spec(ref, timeout=3)).metric_specs[0]
+    unit = trigger.unit
     try:
-        request = GetMetricsRequest(scaled_object_ref=ref, metric_name=spec.metric_name)
-        value = (await stub.get_metrics(request, timeout=3)).metric_values[0].metric_value_float
+        value = await _value(stub, ref, spec.metric_name)
         active = (await stub.is_active(ref, timeout=3)).result
+        # The same trigger without cooldown, on a ScaledObject of its own, gives the reading
+        # as it is now: a higher value above is being held.
+        raw = await _value(stub, _ref("demo-raw", trigger.without_cooldown()), spec.metric_name)
     except GRPCError as exc:
         shown, state = "-", f"{exc.status.name}: {exc.message}"
     else:
-        shown, state = f"{value:.1f}", "ACTIVE" if active else "inactive"
-    return f"{trigger.label:<28} {shown:>10} {spec.target_size_float:>8g}  {state}"
+        shown, state = f"{value:.1f} {unit}", "ACTIVE" if active else "inactive"
+        if value > raw:
+            state += f", held by cooldown (now {raw:.1f} {unit})"
+    target = f"{spec.target_size_float:g} {unit}"
+    return f"{trigger.label:<28} {shown:>12} {target:>10}  {state}"
 
 
 async def run_demo(duration_s: float, every_s: float) -> None:
@@ -72,7 +101,7 @@ async def run_demo(duration_s: float, every_s: float) -> None:
                 phase = source.statistics().phase or "?"
                 rows = [
                     f"t={elapsed:5.1f}s  recorded phase: {phase}",
-                    f"{'trigger':<28} {'value':>10} {'target':>8}  activity",
+                    f"{'trigger':<28} {'value':>12} {'target':>10}  activity",
                 ]
                 rows += [await _poll(stub, trigger) for trigger in DEMO_TRIGGERS]
                 if tty and lines:

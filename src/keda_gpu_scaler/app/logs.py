@@ -36,5 +36,22 @@ def configure_logging(level: str) -> None:
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level.upper())
-    # grpclib logs every reset stream at INFO; those are KEDA's normal cancellations.
-    logging.getLogger("grpclib").setLevel(max(root.level, logging.WARNING))
+    for name, floor in QUIETER.items():
+        logging.getLogger(name).setLevel(max(root.level, floor))
+    # One line per engine scrape ("HTTP Request: GET ..."), logged at INFO: not a state
+    # change, so hidden at info; kept at debug, where it is one readable line per scrape.
+    logging.getLogger("httpx").setLevel(logging.WARNING if root.level >= logging.INFO else 0)
+
+
+QUIETER = {
+    # Every reset stream at INFO: those are KEDA's normal cancellations.
+    "grpclib": logging.WARNING,
+    # Per-frame and per-connection-step lines, unreadable at debug.
+    "httpcore": logging.WARNING,
+    "hpack": logging.WARNING,
+    "h2": logging.WARNING,
+    "h11": logging.WARNING,
+    "asyncio": logging.INFO,
+}
+"""Libraries held at or above these levels whatever the chosen one, so that ``debug`` adds
+this project's decisions and one line per engine scrape, not every HTTP/2 frame."""

@@ -7,17 +7,19 @@ The file replays with ``keda-gpu-scaler serve --source replay:FILE`` and
 from __future__ import annotations
 
 import argparse
+import math
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import anyio
 
 from keda_gpu_scaler.app.argtypes import positive_float
-from keda_gpu_scaler.domain.errors import SourceError
-from keda_gpu_scaler.sources.recorder import RecordingSummary, record_trace
+from keda_gpu_scaler.app.exits import exit_status
 
-EXIT_FAILED = 2
+if TYPE_CHECKING:
+    from keda_gpu_scaler.sources.recorder import RecordingSummary
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -33,27 +35,54 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+async def show_progress(
+    output: Path, duration_s: float, write: Callable[[str], None], *, every_s: float = 1.0
+) -> None:
+    """Redraw one status line (elapsed of total seconds) until cancelled; for a terminal."""
+    started = anyio.current_time()
+    total = math.ceil(duration_s)
+    while True:
+        elapsed = min(anyio.current_time() - started, duration_s)
+        write(f"\rrecording to {output}: {elapsed:.0f} of {total} s (Ctrl-C to stop)\x1b[K")
+        await anyio.sleep(every_s)
+
+
 async def _record(args: argparse.Namespace) -> RecordingSummary:
     from keda_gpu_scaler.sources.nvml.pynvml_backend import open_nvml_backend
+    from keda_gpu_scaler.sources.recorder import record_trace
 
-    return await record_trace(
-        open_nvml_backend(),
-        args.output,
-        duration_s=args.duration,
-        interval_s=args.interval,
-        phase=args.phase,
-    )
+    backend = open_nvml_backend()
+    async with anyio.create_task_group() as tg:
+        if sys.stderr.isatty():
+            tg.start_soon(show_progress, args.output, args.duration, _write_err)
+        try:
+            summary = await record_trace(
+                backend,
+                args.output,
+                duration_s=args.duration,
+                interval_s=args.interval,
+                phase=args.phase,
+            )
+        finally:
+            tg.cancel_scope.cancel()
+            if sys.stderr.isatty():
+                _write_err("\r\x1b[K")
+    return summary
+
+
+def _write_err(text: str) -> None:
+    sys.stderr.write(text)
+    sys.stderr.flush()
 
 
 def main(argv: Sequence[str]) -> int:
     args = build_parser().parse_args(argv)
     try:
         summary = anyio.run(_record, args, backend="asyncio")
-    except SourceError as exc:
-        print(f"gpu-metrics record: {exc}", file=sys.stderr)
-        return EXIT_FAILED
-    except KeyboardInterrupt:
-        return 130
+    except SystemExit:
+        raise
+    except BaseException as exc:  # sorted by exit_status; anything unexpected re-raised
+        return exit_status(exc, prog="gpu-metrics record")
     print(
         f"recorded {summary.frames} frames of {summary.devices} device(s) to {summary.path}"
         + (f" ({summary.faults} faults skipped)" if summary.faults else "")

@@ -1,38 +1,90 @@
-"""``keda-gpu-scaler tap``: print a running server's debug tap, one JSON object per line."""
+"""``keda-gpu-scaler tap``: print a running server's debug tap, one JSON object per line.
+
+The events go to standard output; what the client itself has to say (connected, a filter
+that matches nothing, an error) goes to standard error, so the output stays JSON lines.
+"""
 
 from __future__ import annotations
 
 import signal
 import sys
+from collections.abc import Callable, Mapping
 
 import anyio
 import httpx
 
 EXIT_UNREACHABLE = 1
+QUIET_WARNING_S = 10.0
+"""With a filter, a tap this long without a matching event says so (once per quiet spell)."""
+
+Write = Callable[[str], None]
 
 
-async def _stream(url: str, params: dict[str, str]) -> None:
-    timeout = httpx.Timeout(5.0, read=None)  # a quiet tap is not a dead one
-    async with (
-        httpx.AsyncClient(timeout=timeout, follow_redirects=False) as client,
-        client.stream("GET", url, params=params) as response,
-    ):
+async def follow(
+    client: httpx.AsyncClient,
+    url: str,
+    params: Mapping[str, str],
+    *,
+    out: Write,
+    err: Write,
+    quiet_warning_s: float = QUIET_WARNING_S,
+) -> None:
+    """Stream the tap at ``url`` until it ends; raises :class:`httpx.HTTPError`."""
+    async with client.stream("GET", url, params=dict(params)) as response:
         if response.status_code != 200:
             raise httpx.HTTPStatusError(
                 f"{url} answered {response.status_code}",
                 request=response.request,
                 response=response,
             )
-        async for line in response.aiter_lines():
-            if line:
-                sys.stdout.write(line + "\n")
-                sys.stdout.flush()
+        shown = ", ".join(f"--{k} {v}" for k, v in params.items())
+        err(f"keda-gpu-scaler tap: connected to {url}{f' ({shown})' if shown else ''}\n")
+        last_event = anyio.current_time()
+
+        async def warn_while_quiet() -> None:
+            warned_for = None
+            while True:
+                quiet_since = last_event
+                if warned_for == quiet_since:  # said once; look again later for a new spell
+                    await anyio.sleep(quiet_warning_s)
+                    continue
+                await anyio.sleep_until(quiet_since + quiet_warning_s)
+                if last_event == quiet_since:
+                    warned_for = quiet_since
+                    err(
+                        f"keda-gpu-scaler tap: no event matched {shown} in "
+                        f"{quiet_warning_s:g} s: is the value right (a GPU index or UUID, a "
+                        "source such as nvml or replay, a trigger as namespace/name)?\n"
+                    )
+
+        async with anyio.create_task_group() as tg:
+            if params:
+                tg.start_soon(warn_while_quiet)
+            async for line in response.aiter_lines():
+                if line:
+                    out(line + "\n")
+                    last_event = anyio.current_time()
+            tg.cancel_scope.cancel()
+
+
+def _write_out(text: str) -> None:
+    sys.stdout.write(text)
+    sys.stdout.flush()
+
+
+def _write_err(text: str) -> None:
+    sys.stderr.write(text)
+    sys.stderr.flush()
 
 
 async def _until_signal(url: str, params: dict[str, str]) -> str | None:
     """Stream until SIGINT/SIGTERM or the end of the tap; the error text, if it failed."""
     error: str | None = None
-    async with anyio.create_task_group() as tg:
+    timeout = httpx.Timeout(5.0, read=None)  # a quiet tap is not a dead one
+    async with (
+        httpx.AsyncClient(timeout=timeout, follow_redirects=False, trust_env=False) as client,
+        anyio.create_task_group() as tg,
+    ):
 
         async def stop() -> None:
             with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
@@ -41,7 +93,7 @@ async def _until_signal(url: str, params: dict[str, str]) -> str | None:
 
         tg.start_soon(stop)
         try:
-            await _stream(url, params)
+            await follow(client, url, params, out=_write_out, err=_write_err)
         except httpx.HTTPError as exc:
             error = str(exc) or type(exc).__name__
         tg.cancel_scope.cancel()
@@ -56,13 +108,15 @@ def run_tap(
     metric: str | None = None,
     trigger: str | None = None,
 ) -> int:
+    """Follow the tap at ``address`` (HOST:PORT, checked by the parser); the exit status.
+
+    A closed standard output (``tap | head -1``) and Ctrl-C propagate, for the caller to
+    end quietly.
+    """
     url = f"http://{address}/debug/tap"
     filters = {"source": source, "device": device, "metric": metric, "trigger": trigger}
     params = {k: v for k, v in filters.items() if v is not None}
-    try:
-        error = anyio.run(_until_signal, url, params, backend="asyncio")
-    except BrokenPipeError:
-        return 0
+    error = anyio.run(_until_signal, url, params, backend="asyncio")
     if error is not None:
         print(f"keda-gpu-scaler tap: {url}: {error}", file=sys.stderr)
         return EXIT_UNREACHABLE
