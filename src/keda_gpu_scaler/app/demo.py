@@ -85,7 +85,7 @@ async def _poll(stub: ExternalScalerStub, trigger: DemoTrigger) -> str:
         if value > raw:
             state += f", held by cooldown (now {raw:.1f} {unit})"
     target = f"{spec.target_size_float:g} {unit}"
-    return f"{trigger.label:<28} {shown:>12} {target:>10}  {state}"
+    return f"{trigger.label:<28} {shown:>12} {target:>11}  {state}"
 
 
 async def run_demo(duration_s: float, every_s: float) -> None:
@@ -101,7 +101,7 @@ async def run_demo(duration_s: float, every_s: float) -> None:
                 phase = source.statistics().phase or "?"
                 rows = [
                     f"t={elapsed:5.1f}s  recorded phase: {phase}",
-                    f"{'trigger':<28} {'value':>12} {'target':>10}  activity",
+                    f"{'trigger':<28} {'value':>12} {'target':>11}  activity",
                 ]
                 rows += [await _poll(stub, trigger) for trigger in DEMO_TRIGGERS]
                 if tty and lines:
