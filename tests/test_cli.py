@@ -103,7 +103,7 @@ def _cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedP
     [
         (("serve", "--port", "70000"), {}, "not a TCP port"),
         (("serve",), {"KEDA_GPU_SCALER_PORT": "abc"}, "not a TCP port"),
-        (("serve", "--interval", "0"), {}, "must be a positive number"),
+        (("serve", "--interval", "0"), {}, "--interval: must be a positive duration"),
         (("serve", "--max-concurrent-streams", "50"), {}, "from 100 to 2147483647"),
         (
             ("serve",),

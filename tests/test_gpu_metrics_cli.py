@@ -42,7 +42,8 @@ def _run(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedP
 def test_json_is_one_document_with_the_documented_keys() -> None:
     result = _run("--source", "replay", "--format", "json")
     assert result.returncode == 0, result.stderr
-    rows = json.loads(result.stdout)
+    # The Go project's document (tests/test_go_cli.py): environment, collected_at, devices.
+    rows = json.loads(result.stdout)["devices"]
     assert len(rows) == 1
     assert tuple(rows[0]) == FIELDS
     assert rows[0]["uuid"] == "GPU-4f60bdab-7290-5bab-ee63-d697ab1e6349"
@@ -70,9 +71,9 @@ def test_csv_header_once_with_an_interval() -> None:
 
 def test_device_filter_and_environment_scope() -> None:
     chosen = _run("--source", "replay", "--format", "json", "--device", "0")
-    assert [r["index"] for r in json.loads(chosen.stdout)] == [0]
+    assert [r["index"] for r in json.loads(chosen.stdout)["devices"]] == [0]
     scoped = _run("--source", "replay", "--format", "json", env={"CUDA_VISIBLE_DEVICES": "0"})
-    assert len(json.loads(scoped.stdout)) == 1
+    assert len(json.loads(scoped.stdout)["devices"]) == 1
 
 
 def test_dry_run_touches_no_gpu() -> None:
@@ -104,7 +105,7 @@ def test_unusable_source_is_one_line_and_exit_2(args: tuple[str, ...], message: 
 
 @pytest.mark.parametrize(
     "args",
-    [("--interval", "0"), ("--format", "xml"), ("--count", "-1"), ("--watch", "--format", "json")],
+    [("--interval", "x"), ("--format", "xml"), ("--count", "-1"), ("--watch", "--format", "json")],
 )
 def test_bad_flags_exit_2_with_a_message(args: tuple[str, ...]) -> None:
     result = _run("--source", "replay", *args)

@@ -11,6 +11,7 @@ try:
     import logging
     import os
     import signal
+    import sys
     from collections.abc import Callable, Sequence
     from dataclasses import dataclass
     from functools import partial
@@ -18,6 +19,7 @@ try:
     from typing import TYPE_CHECKING, Any
 
     from keda_gpu_scaler import __version__
+    from keda_gpu_scaler.app import gocli
     from keda_gpu_scaler.app.argtypes import bounded_int, port, positive_float, tap_address
     from keda_gpu_scaler.app.exits import exit_status
     from keda_gpu_scaler.app.listen import ListenError, check_listen
@@ -48,9 +50,7 @@ def _stream_limit(text: str) -> int:
 
 
 def _log_level(text: str) -> str:
-    if text not in LEVELS:
-        raise argparse.ArgumentTypeError(f"must be one of {', '.join(LEVELS)}: {text!r}")
-    return text
+    return gocli.log_level(text)
 
 
 def _networks(text: str) -> tuple[IpNetwork, ...] | None:
@@ -148,7 +148,7 @@ SERVE_FLAGS = (
     Flag("--host", "HOST", "0.0.0.0", "address to listen on"),
     Flag("--port", "PORT", "6000", "gRPC port of the External Scaler; 0 picks a free one", port),
     Flag("--source", "SOURCE", "nvml", "nvml, replay (the bundled H200 trace) or replay:PATH"),
-    Flag("--interval", "INTERVAL", "1.0", "NVML sampling period, seconds", positive_float),
+    Flag("--interval", "INTERVAL", "1.0", "NVML sampling period, seconds", gocli.positive_duration),
     Flag(
         "--metrics-port",
         "METRICS_PORT",
@@ -164,7 +164,7 @@ SERVE_FLAGS = (
         "HEALTH_CHECK_INTERVAL",
         "10",
         "seconds a gRPC health answer is reused",
-        positive_float,
+        gocli.positive_duration,
     ),
     Flag(
         "--max-concurrent-streams",
@@ -179,14 +179,14 @@ SERVE_FLAGS = (
         "5",
         "seconds between scrapes of an engine "
         "endpoint (one sampler per endpoint, shared by every trigger)",
-        positive_float,
+        gocli.positive_duration,
     ),
     Flag(
         "--engine-idle-stop",
         "ENGINE_IDLE_STOP",
         "600",
         "seconds without a reader after which an engine sampler stops",
-        positive_float,
+        gocli.positive_duration,
     ),
     Flag(
         "--engine-allowed-networks",
@@ -214,9 +214,15 @@ SERVE_FLAGS = (
         "TLS_RELOAD_INTERVAL",
         "10",
         "seconds between checks of the TLS files for rotation",
-        positive_float,
+        gocli.positive_duration,
     ),
-    Flag("--log-level", "LOG_LEVEL", "info", "log level: " + ", ".join(LEVELS), _log_level),
+    Flag(
+        "--log-level",
+        "LOG_LEVEL",
+        "info",
+        "log level: " + ", ".join(LEVELS) + " (or warn)",
+        _log_level,
+    ),
 )
 
 
@@ -292,7 +298,12 @@ def _listeners(args: argparse.Namespace) -> list[tuple[str, int]]:
 async def _serve(args: argparse.Namespace) -> int:
     import anyio
 
-    from keda_gpu_scaler.app.compose import EngineOptions, build_source, open_scaler
+    from keda_gpu_scaler.app.compose import (
+        EngineOptions,
+        build_source,
+        freeze_startup_objects,
+        open_scaler,
+    )
     from keda_gpu_scaler.sources.engines.http import ScrapePolicy
 
     source = build_source(args.source, interval_s=args.interval)
@@ -330,6 +341,7 @@ async def _serve(args: argparse.Namespace) -> int:
                     "tls": "off" if tls is None else "mtls" if args.tls_client_ca else "tls",
                 },
             )
+            freeze_startup_objects()
             async for signum in signals:
                 log.info("shutting down", extra={"signal": signal.Signals(signum).name})
                 break
@@ -360,6 +372,8 @@ def _run(args: argparse.Namespace) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    # The Go binary had no subcommands: `keda-gpu-scaler --port 6000` serves.
+    argv = gocli.with_default_command(sys.argv[1:] if argv is None else argv, default="serve")
     try:
         args = build_parser().parse_args(argv)
         configure_logging(args.log_level)

@@ -21,7 +21,9 @@ try:
     import anyio
     import msgspec
 
-    from keda_gpu_scaler.app.argtypes import positive_float, positive_int
+    from keda_gpu_scaler import __version__
+    from keda_gpu_scaler.app import gocli, gojson
+    from keda_gpu_scaler.app.argtypes import positive_int
     from keda_gpu_scaler.app.exits import EXIT_USAGE, exit_status, find_leaf
     from keda_gpu_scaler.app.scope import (
         Device,
@@ -170,7 +172,9 @@ class Printer:
         out: Callable[[str], None],
         node: str = "",
         interval_s: float | None = None,
+        environment: dict[str, Any] | None = None,
     ) -> None:
+        self._environment = environment or {}
         self._fmt = fmt
         self._watch = watch
         self._out = out
@@ -190,11 +194,9 @@ class Printer:
         elif self._fmt == "jsonl":
             self._out("".join(_ENCODER.encode(r).decode() + "\n" for r in rows))
         elif self._fmt == "json":
-            text = (
-                _ENCODER.encode(rows)
-                if continuous
-                else msgspec.json.format(_ENCODER.encode(rows), indent=2)
-            )
+            # The Go project's document; one compact line per reading when continuous.
+            document = _ENCODER.encode(gojson.go_document(rows, self._environment))
+            text = document if continuous else msgspec.json.format(document, indent=2)
             self._out(text.decode() + "\n")
         else:
             self._out(self._csv(rows))
@@ -275,13 +277,23 @@ async def _run(plan: Plan, source: Sampler, printer: Printer) -> None:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="gpu-metrics", description=__doc__.splitlines()[0])
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     parser.add_argument("--format", choices=FORMATS, default="table")
     parser.add_argument(
         "--interval",
-        type=positive_float,
+        type=gocli.interval_or_once,
         default=None,
-        help="print every INTERVAL seconds until interrupted (default: once; 1 with --count"
-        " or --watch)",
+        help="print every INTERVAL (seconds, or 5s, 1m) until interrupted; 0 once (default:"
+        " once; 1 with --count or --watch)",
+    )
+    parser.add_argument(
+        "--env",
+        choices=gojson.ORCHESTRATORS,
+        default="auto",
+        help="orchestrator named in the JSON document's environment (default: detected)",
+    )
+    parser.add_argument(
+        "--quiet", action="store_true", help="accepted for the Go command line; logs go nowhere"
     )
     parser.add_argument(
         "--count",
@@ -297,8 +309,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--device",
         default=None,
-        help="GPUs to show: indices, GPU:GI labels of MIG instances or UUIDs, comma-separated "
-        "(default: what the job's environment grants)",
+        help="GPUs to show: indices, GPU:GI labels of MIG instances or UUIDs, comma-separated; "
+        "-1 all (default: what the job's environment grants)",
     )
     parser.add_argument(
         "--source",
@@ -314,11 +326,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def make_plan(args: argparse.Namespace, env: dict[str, str]) -> Plan:
-    devices = (
-        parse_device_list(args.device, origin="--device")
-        if args.device is not None
-        else gpu_scope(env)
-    )
+    device = gocli.all_devices(args.device)
+    devices = parse_device_list(device, origin="--device") if device is not None else gpu_scope(env)
     repeats = args.watch or args.count is not None
     interval = args.interval if args.interval is not None else (1.0 if repeats else None)
     return Plan(
@@ -345,14 +354,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(msgspec.json.format(msgspec.json.encode(plan), indent=2).decode())
         return 0
     try:
-        return _measure(plan)
+        return _measure(plan, gojson.go_environment(os.environ, args.env))
     except SystemExit:
         raise
     except BaseException as exc:  # sorted by exit_status; anything unexpected re-raised
         return exit_status(exc, prog="gpu-metrics")
 
 
-def _measure(plan: Plan) -> int:
+def _measure(plan: Plan, environment: dict[str, Any]) -> int:
     from keda_gpu_scaler.app.compose import build_source
 
     source = build_source(plan.source, interval_s=min(plan.interval_s or 1.0, 1.0))
@@ -362,6 +371,7 @@ def _measure(plan: Plan) -> int:
         out=_write,
         node=plan.environment.node,
         interval_s=plan.interval_s,
+        environment=environment,
     )
     try:
         anyio.run(_run, plan, source, printer, backend="asyncio")

@@ -92,7 +92,6 @@ class SourceStopped(msgspec.Struct, frozen=True, kw_only=True, tag="stopped"):
 Sample = GpuReading | SourceFault | Batch | EngineSample | SourceStopped
 
 
-
 def finite_or_none(value: float | None) -> float | None:
     """A NaN or infinite reading is no reading."""
     if value is None or not math.isfinite(value):
