@@ -5,11 +5,12 @@ from __future__ import annotations
 import pytest
 
 from keda_gpu_scaler.domain.catalog import CATALOG, MetricType
-from keda_gpu_scaler.domain.decision import TriggerKey
+from keda_gpu_scaler.domain.decision import TriggerKey, decide
 from keda_gpu_scaler.domain.errors import InvalidTrigger
 from keda_gpu_scaler.domain.profiles import PROFILES
 from keda_gpu_scaler.domain.samples import DeviceKey, GpuReading
 from keda_gpu_scaler.domain.trigger import MigSelector, parse_trigger
+from keda_gpu_scaler.testing import snapshot_after
 
 
 @pytest.mark.parametrize(
@@ -155,3 +156,23 @@ def test_whole_gpu_metrics_are_marked_per_parent_and_gpm_metrics_say_what_they_n
         MetricType.TENSOR_ACTIVE,
         MetricType.DRAM_BW_UTIL,
     }
+
+
+def test_an_explanation_names_an_unsupported_instance_by_its_mig_label() -> None:
+    # A MIG instance without GPM beside a whole GPU with it: the explanation named the
+    # instance "GPU 0" (its parent's index), not "MIG 0:7".
+    instance = _instance(sm_active=None)
+    gpu = GpuReading(
+        source="t",
+        key=DeviceKey("GPU-b"),
+        index=1,
+        uuid="GPU-b",
+        name="n",
+        taken_at=0.0,
+        period_s=1.0,
+        sm_active=40.0,
+    )
+    snapshot = snapshot_after([instance, gpu], 0.0)
+    decision = decide(parse_trigger({"metricType": "sm_active"}), snapshot, None, 0.5)
+    assert "(not supported on MIG 0:7)" in decision.explanation
+    assert "GPU 0" not in decision.explanation
