@@ -1,6 +1,3 @@
-try:
-    from keda_gpu_scaler.app.cli import main
-except KeyboardInterrupt:  # Ctrl-C while the command loads: quiet, like Ctrl-C later
-    raise SystemExit(130) from None
+from keda_gpu_scaler.entry import keda_gpu_scaler
 
-raise SystemExit(main())
+raise SystemExit(keda_gpu_scaler())
