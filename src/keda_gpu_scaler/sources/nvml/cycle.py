@@ -14,7 +14,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 
 from keda_gpu_scaler.domain.backoff import Backoff
-from keda_gpu_scaler.domain.samples import DeviceKey, GpuReading, SourceFault
+from keda_gpu_scaler.domain.samples import GpuReading, SourceFault
 from keda_gpu_scaler.sources.nvml.devices import GpuDevice
 from keda_gpu_scaler.sources.nvml.readings import (
     Cycle,
@@ -95,7 +95,10 @@ def _lose(
         retry_at=cycle.taken_at + backoff.delay(failures),
     )
     if result.gpu is not None:
-        return lost, lost_faults(result.gpu, cycle, reason)
+        gpu = result.gpu
+        return lost, lost_faults(
+            gpu.index, [gpu.uuid, *(i.uuid for i in gpu.instances)], cycle, reason
+        )
     if not slot.keys:
         # Never seen: no identity to mark lost (a made-up key would stay lost for ever in
         # the snapshot); report it as a source fault and keep retrying.
@@ -106,17 +109,7 @@ def _lose(
             reason=f"GPU {slot.index} cannot be read: {reason}",
         )
         return lost, [fault]
-    return lost, [
-        SourceFault(
-            source=cycle.source,
-            key=DeviceKey(key),
-            at=cycle.taken_at,
-            reason=reason,
-            index=slot.index,
-            lost=True,
-        )
-        for key in slot.keys
-    ]
+    return lost, lost_faults(slot.index, slot.keys, cycle, reason)
 
 
 def pcie_due(

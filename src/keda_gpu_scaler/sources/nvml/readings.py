@@ -11,7 +11,7 @@ NVLink) marked through ``parent_index``, so the decision layer counts those once
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 import msgspec
@@ -186,16 +186,15 @@ def _instance_reading(
     )
 
 
-def lost_faults(gpu: GpuDevice, cycle: Cycle, reason: str) -> list[SourceFault]:
-    """The GPU and every instance on it are lost together."""
-    keys = [gpu.uuid, *(i.uuid for i in gpu.instances)]
+def lost_faults(index: int, keys: Iterable[str], cycle: Cycle, reason: str) -> list[SourceFault]:
+    """A GPU (``index``) and every instance on it (``keys``: their UUIDs) lost together."""
     return [
         SourceFault(
             source=cycle.source,
             key=DeviceKey(key),
             at=cycle.taken_at,
             reason=reason,
-            index=gpu.index,
+            index=index,
             lost=True,
         )
         for key in keys
