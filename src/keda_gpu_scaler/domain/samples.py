@@ -89,7 +89,95 @@ class SourceStopped(msgspec.Struct, frozen=True, kw_only=True, tag="stopped"):
     source: str
 
 
-Sample = GpuReading | SourceFault | Batch | EngineSample | SourceStopped
+POD_RESOURCES_SOURCE = "pod-resources"
+"""Source name of the kubelet PodResources sampler (which pod holds which device)."""
+PODS_SOURCE = "pods"
+"""Source name of the pod watch (labels and phase of this node's pods)."""
+
+
+class DeviceHolder(msgspec.Struct, frozen=True, kw_only=True):
+    """One device allocated to one container, as the kubelet PodResources API lists it."""
+
+    namespace: str
+    pod: str
+    container: str
+    resource: str
+    """The extended resource name: ``nvidia.com/gpu``, ``nvidia.com/mig-1g.10gb``, ..."""
+    device_id: str
+    """As the device plugin named it: ``GPU-<uuid>``, ``MIG-<uuid>``, a time-slicing or MPS
+    replica ``<uuid>::<n>``, or anything else a plugin chose (reported, never guessed)."""
+
+
+class DraDevice(msgspec.Struct, frozen=True, kw_only=True):
+    """One device of a DRA claim allocated to a container (``dynamic_resources``).
+
+    Listed for visibility only: joining it to an NVML device needs the ResourceSlice of
+    ``pool`` (its ``uuid`` attribute), which the node agent does not read."""
+
+    namespace: str
+    pod: str
+    container: str
+    claim_namespace: str
+    claim_name: str
+    driver: str
+    pool: str
+    device: str
+    share_id: str | None = None
+
+
+class PodResourcesReading(
+    msgspec.Struct, frozen=True, kw_only=True, tag="pod-resources", omit_defaults=True
+):
+    """One good ``List`` of the kubelet PodResources API: every GPU device held, by whom.
+
+    Only devices of the configured GPU resource names are kept (``holders``); ``taken_at``
+    is when the kubelet answered, ``period_s`` the polling interval (stale after three)."""
+
+    source: str
+    taken_at: float
+    period_s: float
+    holders: tuple[DeviceHolder, ...] = ()
+    dra: tuple[DraDevice, ...] = ()
+
+
+class PodInfo(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
+    """A pod of this node as the Kubernetes API last showed it."""
+
+    namespace: str
+    name: str
+    uid: str = ""
+    labels: dict[str, str] = msgspec.field(default_factory=dict)
+    phase: str = ""
+    """``Pending``, ``Running``, ``Succeeded``, ``Failed`` or ``Unknown``; a pod that has
+    terminated (``Succeeded``, ``Failed``) holds no GPU, whatever the kubelet still lists."""
+
+    def terminated(self) -> bool:
+        return self.phase in ("Succeeded", "Failed")
+
+
+class PodsReading(msgspec.Struct, frozen=True, kw_only=True, tag="pods", omit_defaults=True):
+    """The whole set of this node's pods, as of the last answer of the Kubernetes API.
+
+    ``taken_at`` is the last time the API answered (a list, a watch event or bookmark, a
+    watch that opened or ended cleanly); ``period_s`` is a third of how long the set may go
+    without an answer before it is unavailable (30 s)."""
+
+    source: str
+    taken_at: float
+    period_s: float
+    node: str
+    pods: tuple[PodInfo, ...] = ()
+
+
+Sample = (
+    GpuReading
+    | SourceFault
+    | Batch
+    | EngineSample
+    | SourceStopped
+    | PodResourcesReading
+    | PodsReading
+)
 
 
 def finite_or_none(value: float | None) -> float | None:
@@ -101,7 +189,9 @@ def finite_or_none(value: float | None) -> float | None:
 
 def unbatch(
     samples: Iterable[Sample],
-) -> Iterator[GpuReading | SourceFault | EngineSample | SourceStopped]:
+) -> Iterator[
+    GpuReading | SourceFault | EngineSample | SourceStopped | PodResourcesReading | PodsReading
+]:
     """Every sample, with each :class:`Batch` opened in place."""
     for sample in samples:
         if isinstance(sample, Batch):

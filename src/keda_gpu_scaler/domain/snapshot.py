@@ -11,7 +11,12 @@ from types import MappingProxyType
 import msgspec
 
 from keda_gpu_scaler.domain.engines import EngineSample
-from keda_gpu_scaler.domain.samples import DeviceKey, GpuReading
+from keda_gpu_scaler.domain.samples import (
+    DeviceKey,
+    GpuReading,
+    PodResourcesReading,
+    PodsReading,
+)
 
 STALE_AFTER_PERIODS = 3
 """A reading older than this many sample periods of its source is stale..."""
@@ -75,6 +80,10 @@ class Snapshot(msgspec.Struct, frozen=True, kw_only=True):
         default_factory=lambda: MappingProxyType({})
     )
     """Newest sample of each engine sampler, by its source name (``EngineTarget.source``)."""
+    attribution: PodResourcesReading | None = None
+    """The newest good ``List`` of the kubelet PodResources API: who holds which device."""
+    pods: PodsReading | None = None
+    """This node's pods (labels, phase) as the Kubernetes API last showed them."""
 
     def ordered_devices(self) -> list[DeviceState]:
         """Devices by NVML index, the order nvidia-smi shows."""

@@ -12,6 +12,8 @@ from keda_gpu_scaler.domain.samples import (
     Batch,
     DeviceKey,
     GpuReading,
+    PodResourcesReading,
+    PodsReading,
     Sample,
     SourceFault,
     SourceStopped,
@@ -25,14 +27,20 @@ def fold(snapshot: Snapshot, samples: Iterable[Sample], now: float) -> Snapshot:
     devices: dict[DeviceKey, DeviceState] = dict(snapshot.devices)
     sources: dict[str, SourceState] = dict(snapshot.sources)
     engines: dict[str, EngineSample] = dict(snapshot.engines)
+    attribution = snapshot.attribution
+    pods = snapshot.pods
     samples = tuple(samples)
     for item in samples:
-        if isinstance(item, Batch | GpuReading | EngineSample):
+        if isinstance(item, Batch | GpuReading | EngineSample | PodResourcesReading | PodsReading):
             _count_cycle(sources, item.source)
     for sample in unbatch(samples):
         if isinstance(sample, SourceStopped):
             sources.pop(sample.source, None)
             engines.pop(sample.source, None)
+            if attribution is not None and attribution.source == sample.source:
+                attribution = None
+            if pods is not None and pods.source == sample.source:
+                pods = None
             continue
         source = sources.get(sample.source) or SourceState(name=sample.source)
         if isinstance(sample, GpuReading):
@@ -41,6 +49,12 @@ def fold(snapshot: Snapshot, samples: Iterable[Sample], now: float) -> Snapshot:
         elif isinstance(sample, EngineSample):
             engines[sample.source] = sample
             sources[sample.source] = _heard(source, sample.taken_at, fault=sample.error)
+        elif isinstance(sample, PodResourcesReading):
+            attribution = sample
+            sources[sample.source] = _heard(source, sample.taken_at)
+        elif isinstance(sample, PodsReading):
+            pods = sample
+            sources[sample.source] = _heard(source, sample.taken_at)
         else:
             if sample.key is None:
                 source = msgspec.structs.replace(source, fault=sample.reason, fault_at=sample.at)
@@ -53,6 +67,8 @@ def fold(snapshot: Snapshot, samples: Iterable[Sample], now: float) -> Snapshot:
         devices=MappingProxyType(devices),
         sources=MappingProxyType(sources),
         engines=MappingProxyType(engines),
+        attribution=attribution,
+        pods=pods,
     )
 
 

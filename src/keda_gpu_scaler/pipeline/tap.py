@@ -15,7 +15,15 @@ import anyio
 import msgspec
 
 from keda_gpu_scaler.domain.engines import EngineSample
-from keda_gpu_scaler.domain.samples import Batch, GpuReading, Sample, SourceFault, SourceStopped
+from keda_gpu_scaler.domain.samples import (
+    Batch,
+    GpuReading,
+    PodResourcesReading,
+    PodsReading,
+    Sample,
+    SourceFault,
+    SourceStopped,
+)
 
 
 class TapDecision(msgspec.Struct, frozen=True, kw_only=True, tag="decision"):
@@ -32,7 +40,7 @@ class TapDecision(msgspec.Struct, frozen=True, kw_only=True, tag="decision"):
     error: str | None = None
 
 
-TapEvent = GpuReading | SourceFault | EngineSample | TapDecision
+TapEvent = GpuReading | SourceFault | EngineSample | PodResourcesReading | PodsReading | TapDecision
 
 _ENCODER = msgspec.json.Encoder()
 
@@ -57,8 +65,10 @@ class TapFilter:
             return False
         if self.source is not None and event.source != self.source:
             return False
-        if isinstance(event, EngineSample):
+        if isinstance(event, EngineSample | PodsReading):
             return self.device is None
+        if isinstance(event, PodResourcesReading):
+            return self.device is None or any(self.device in h.device_id for h in event.holders)
         return self.device is None or self.device in (str(event.index), event.key)
 
 
