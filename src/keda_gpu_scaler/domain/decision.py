@@ -13,9 +13,19 @@ from dataclasses import dataclass
 from typing import NamedTuple
 
 from keda_gpu_scaler.domain.aggregation import aggregate
+from keda_gpu_scaler.domain.attribution import (
+    attribute,
+    devices_of,
+    pods_unavailable_reason,
+    unavailable_reason,
+)
+from keda_gpu_scaler.domain.attribution import (
+    fresh_until as attribution_fresh_until,
+)
 from keda_gpu_scaler.domain.catalog import CATALOG, MetricInfo
 from keda_gpu_scaler.domain.cooldown import CooldownEntry, CooldownOutcome, apply_cooldown
 from keda_gpu_scaler.domain.errors import InvalidTrigger, NoData
+from keda_gpu_scaler.domain.samples import DeviceKey
 from keda_gpu_scaler.domain.snapshot import (
     STALE_AFTER_PERIODS,
     DeviceState,
@@ -52,6 +62,9 @@ class Measurement:
     """Who could not read the metric, labelled like ``labels``."""
     fresh_until: float = math.inf
     """When the oldest reading used goes stale: the measurement holds until then."""
+    scope: str = ""
+    """Whose GPUs were measured, for a trigger with ``podSelector`` (pods ``app=x`` in ``ns``);
+    with no ``parts`` it says why the value is 0 (no matching pod holds a GPU)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,10 +98,7 @@ def _is_mig_parent(device: DeviceState) -> bool:
 
 
 def _label(device: DeviceState) -> str:
-    r = device.reading
-    if r is None or not r.is_mig_instance():
-        return f"GPU {device.index}"
-    return f"MIG {r.parent_index}:{r.gpu_instance_id}"
+    return device.label
 
 
 def _select(spec: TriggerSpec, snapshot: Snapshot) -> list[DeviceState]:
@@ -152,7 +162,14 @@ def measure(spec: TriggerSpec, snapshot: Snapshot, now: float) -> Measurement:
     info = CATALOG[spec.metric_type]
     if info.read is None:
         return _measure_engine(spec, info, snapshot, now)
-    selected = _select(spec, snapshot)
+    pods: _PodScope | None = None
+    if spec.pod_selector is not None:
+        pods = _select_pods(spec, snapshot, now)
+        if not pods.devices:
+            return Measurement(0.0, (), scope=pods.scope, fresh_until=pods.fresh_until)
+        selected = pods.devices
+    else:
+        selected = _select(spec, snapshot)
     for device in selected:
         _check_fresh(device, now)
     parts: list[tuple[int, float]] = []
@@ -166,18 +183,73 @@ def measure(spec: TriggerSpec, snapshot: Snapshot, now: float) -> Measurement:
             continue
         parts.append((device.index, value))
         # A whole-GPU reading seen through an instance belongs to the GPU.
-        labels.append(f"GPU {device.index}" if info.per_parent else _label(device))
+        label = f"GPU {device.index}" if info.per_parent else _label(device)
+        labels.append(label if pods is None else f"{label} ({pods.holders[device.key]})")
     if not parts:
         raise NoData(_unsupported_message(spec, info.needs, unsupported))
     value = aggregate(spec.aggregation, [v for _, v in parts])
+    until = min(_fresh_until(d) for d in selected)
     return Measurement(
         value,
         tuple(parts),
         tuple(d.index for d in unsupported),
         labels=tuple(labels),
         unsupported_labels=tuple(_label(d) for d in unsupported),
-        fresh_until=min(_fresh_until(d) for d in selected),
+        fresh_until=until if pods is None else min(until, pods.fresh_until),
+        scope="" if pods is None else pods.scope,
     )
+
+
+@dataclass(frozen=True, slots=True)
+class _PodScope:
+    devices: list[DeviceState]
+    holders: dict[DeviceKey, str]
+    """Who holds each device, in words: ``vllm-0``, ``vllm-0, vllm-1; shared``."""
+    scope: str
+    fresh_until: float
+
+
+def _select_pods(spec: TriggerSpec, snapshot: Snapshot, now: float) -> _PodScope:
+    """The devices held by the pods ``podSelector`` matches in ``podNamespace``, each once.
+
+    Raises :class:`NoData` when attribution or pod labels are unavailable (never 0), or when
+    a matching pod holds a device ID that names no GPU NVML reports (never guessed)."""
+    selector, namespace = spec.pod_selector, spec.pod_namespace
+    assert selector is not None  # parse_trigger sets both
+    assert namespace is not None
+    reason = unavailable_reason(snapshot, now) or pods_unavailable_reason(snapshot, now)
+    if reason is not None:
+        raise NoData(reason)
+    attribution = attribute(snapshot)
+    assert attribution is not None  # both available
+    assert snapshot.pods is not None
+    matching = {
+        (p.namespace, p.name)
+        for p in snapshot.pods.pods
+        if p.namespace == namespace and not p.terminated() and selector.matches(p.labels)
+    }
+    devices, unmatched = devices_of(attribution, matching, snapshot.devices)
+    if unmatched:
+        held = ", ".join(f"{h.pod} holds {h.resource} {h.device_id}" for h in unmatched)
+        raise NoData(f"{held}: no GPU that NVML reports on this node has that ID (not guessed)")
+    until = attribution_fresh_until(snapshot)
+    whose = f"pods {selector} in {namespace}"
+    if not devices:
+        if matching:
+            names = ", ".join(sorted(name for _, name in matching))
+            text = f"{whose} ({names}) hold no GPU on this node"
+        else:
+            text = f"no pod {selector} in {namespace} holds a GPU on this node"
+        return _PodScope([], {}, f"{text} (a workload with no pods uses no GPU)", until)
+    holders: dict[DeviceKey, str] = {}
+    for device in devices:
+        pods_on = list(dict.fromkeys((h.namespace, h.pod) for h in attribution.holders(device.key)))
+        text = ", ".join(name for ns, name in pods_on if (ns, name) in matching)
+        others = [f"{ns}/{name}" for ns, name in pods_on if (ns, name) not in matching]
+        if len(pods_on) > 1:
+            text += "; shared" + (f" with {', '.join(others)}" if others else "")
+        holders[device.key] = text
+    return _PodScope(devices, holders, f"the GPUs of {whose}", until)
 
 
 def _fresh_until(device: DeviceState) -> float:
@@ -245,7 +317,15 @@ def _explain(
     parts = ", ".join(
         f"{label}={v:g}" for label, (_, v) in zip(labels, measured.parts, strict=True)
     )
-    text = f"{spec.metric_type} {spec.aggregation} of [{parts}] = {measured.value:g}"
+    if not measured.parts:
+        text = f"{spec.metric_type}: {measured.scope}: {measured.value:g}"
+    elif measured.scope:
+        text = (
+            f"{spec.metric_type} {spec.aggregation} over {measured.scope} "
+            f"of [{parts}] = {measured.value:g}"
+        )
+    else:
+        text = f"{spec.metric_type} {spec.aggregation} of [{parts}] = {measured.value:g}"
     if measured.unsupported_labels:
         text += f" (not supported on {', '.join(measured.unsupported_labels)})"
     if outcome.held:

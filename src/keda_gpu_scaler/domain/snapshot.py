@@ -43,6 +43,14 @@ class DeviceState(msgspec.Struct, frozen=True, kw_only=True):
     def is_lost(self) -> bool:
         return self.lost_reason is not None
 
+    @property
+    def label(self) -> str:
+        """``GPU 0``, or ``MIG 0:7`` for GPU 0's GPU instance 7: how explanations name it."""
+        r = self.reading
+        if r is None or not r.is_mig_instance():
+            return f"GPU {self.index}"
+        return f"MIG {r.parent_index}:{r.gpu_instance_id}"
+
     def age(self, now: float) -> float | None:
         return None if self.reading is None else now - self.reading.taken_at
 

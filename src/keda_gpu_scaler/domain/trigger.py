@@ -4,7 +4,13 @@ Parse order (the first error wins): defaults, ``profile``, ``metricName``, ``met
 ``targetValue``, ``targetGpuUtilization``, ``targetMemoryUtilization``,
 ``activationThreshold``, ``gpuIndex``, ``migInstance``, ``aggregation``,
 ``pollIntervalSeconds``, endpoints, endpoint-required checks, endpoint validation,
-``cooldownSeconds``.
+``cooldownSeconds``, ``podNamespace``, ``podSelector``.
+
+``podSelector`` and ``podNamespace`` (this product's keys; ``podSelector`` is the name KEDA's
+own ``kubernetes-workload`` scaler uses) narrow a GPU trigger to the devices held by the
+matching pods of one namespace (the ScaledObject's, unless ``podNamespace`` names another).
+They are parsed last; ``podSelector`` cannot be combined with ``gpuIndex`` or ``migInstance``
+(the pods choose the devices) nor with an engine metric type.
 
 ``migInstance`` (this product's key, not the Go project's; empty counts as unset) names one
 MIG instance: its UUID (``MIG-...``; the older ``MIG-GPU-<uuid>/<gi>/<ci>`` form too) or
@@ -30,6 +36,7 @@ from keda_gpu_scaler.domain.engines import Discovery, EngineTarget
 from keda_gpu_scaler.domain.errors import InvalidTrigger
 from keda_gpu_scaler.domain.profiles import PROFILES
 from keda_gpu_scaler.domain.samples import GpuReading
+from keda_gpu_scaler.domain.selector import LabelSelector, parse_selector
 
 _E = TypeVar("_E", bound=enum.StrEnum)
 
@@ -56,6 +63,8 @@ TRIGGER_KEYS: tuple[str, ...] = (
     "sglangEndpoint",
     "endpointDiscovery",
     "cooldownSeconds",
+    "podSelector",
+    "podNamespace",
 )
 KEDA_KEYS: tuple[str, ...] = ("scalerAddress", "enableTLS", "unsafeSsl")
 
@@ -94,6 +103,15 @@ TRIGGER_KEY_HELP: dict[str, tuple[str, str]] = {
         "cache use the highest)",
     ),
     "cooldownSeconds": ("`60`", "scale-down suppression window in seconds; `0` turns it off"),
+    "podSelector": (
+        "none (every GPU)",
+        "a Kubernetes label selector (`app=vllm`, `tier in (a,b)`, `!canary`): only the GPUs "
+        "held by matching pods count",
+    ),
+    "podNamespace": (
+        "the ScaledObject's namespace",
+        "the namespace of the pods `podSelector` matches",
+    ),
 }
 """Default and meaning of every key, for the generated configuration reference."""
 _FROM_ENV = "FromEnv"
@@ -102,6 +120,7 @@ _FLOAT = re.compile(r"[+-]?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][+-]?\d+)?")
 _NON_FINITE = re.compile(r"[+-]?(?:inf|infinity|nan)", re.IGNORECASE)
 _INT = re.compile(r"[+-]?\d+")
 _NAME_BAD_CHARS = re.compile(r"[^a-z0-9_-]")
+_NAMESPACE = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
 _MIG_UUID = re.compile(r"MIG-[0-9A-Za-z/-]+")
 _MIG_IDS = re.compile(r"(\d+):(\d+)(?::(\d+))?")
 _MIG_FORMAT = (
@@ -153,6 +172,9 @@ class TriggerSpec(msgspec.Struct, frozen=True, kw_only=True):
     sglang_endpoint: str | None = None
     endpoint_discovery: Discovery = Discovery.STATIC
     cooldown_s: int = DEFAULT_COOLDOWN_S
+    pod_selector: LabelSelector | None = None
+    pod_namespace: str | None = None
+    """Set with ``pod_selector`` only: the namespace its pods are looked up in."""
     profile: str | None = None
     warnings: tuple[str, ...] = ()
 
@@ -243,8 +265,10 @@ def _endpoint(metadata: Mapping[str, str], key: str) -> str | None:
     return raw if raw else None
 
 
-def parse_trigger(metadata: Mapping[str, str]) -> TriggerSpec:
-    """Parse trigger metadata, raising :class:`InvalidTrigger` naming the first bad key."""
+def parse_trigger(metadata: Mapping[str, str], namespace: str = "") -> TriggerSpec:
+    """Parse trigger metadata, raising :class:`InvalidTrigger` naming the first bad key.
+
+    ``namespace`` is the ScaledObject's, the default of ``podNamespace``."""
     warnings = _typo_warnings(metadata)
     spec = TriggerSpec()
     replace = msgspec.structs.replace
@@ -304,7 +328,44 @@ def parse_trigger(metadata: Mapping[str, str]) -> TriggerSpec:
         spec = replace(
             spec, cooldown_s=_parse_int("cooldownSeconds", raw, minimum=0, meaning=meaning)
         )
+    spec = _parse_pods(metadata, namespace, spec, warnings)
     return replace(spec, warnings=tuple(warnings))
+
+
+def _parse_pods(
+    metadata: Mapping[str, str], namespace: str, spec: TriggerSpec, warnings: list[str]
+) -> TriggerSpec:
+    raw_namespace = _lookup(metadata, "podNamespace") or None  # empty: the default
+    if raw_namespace is not None and not _NAMESPACE.fullmatch(raw_namespace):
+        raise InvalidTrigger(
+            "podNamespace", raw_namespace, "must be a namespace name (RFC 1123 label)"
+        )
+    raw = _lookup(metadata, "podSelector")
+    if raw is None:
+        if raw_namespace is not None:
+            warnings.append(f'podNamespace "{raw_namespace}" is ignored without podSelector')
+        return spec
+    selector = parse_selector(raw, key="podSelector")
+    if CATALOG[spec.metric_type].read is None:
+        raise InvalidTrigger(
+            "podSelector",
+            raw,
+            f'selects GPUs; metricType "{spec.metric_type}" reads an engine endpoint',
+        )
+    if spec.gpu_index >= 0:
+        raise InvalidTrigger(
+            "podSelector", raw, "cannot be combined with gpuIndex: the pods choose the GPUs"
+        )
+    if spec.mig_instance is not None:
+        raise InvalidTrigger(
+            "podSelector", raw, "cannot be combined with migInstance: the pods choose the GPUs"
+        )
+    pod_namespace = raw_namespace or namespace
+    if not pod_namespace:
+        raise InvalidTrigger(
+            "podNamespace", None, "needed with podSelector when the request names no namespace"
+        )
+    return msgspec.structs.replace(spec, pod_selector=selector, pod_namespace=pod_namespace)
 
 
 def _parse_mig_instance(raw: str, gpu_index: int) -> MigSelector:

@@ -68,18 +68,19 @@ class Decider:
         self._first_snapshot_timeout_s = first_snapshot_timeout_s
         self._measure = measure
         self._cooldowns: CooldownBook[TriggerKey] = CooldownBook()
-        self._specs: dict[frozenset[tuple[str, str]], TriggerSpec] = {}
+        self._specs: dict[tuple[frozenset[tuple[str, str]], str], TriggerSpec] = {}
         self._warned: set[tuple[str, str, TriggerSpec]] = set()
         self._measured: dict[TriggerSpec, _Measured] = {}
 
     # -- parse ------------------------------------------------------------------------
 
     def parse(self, metadata: Mapping[str, str], namespace: str, name: str) -> TriggerSpec:
-        """The spec of a metadata map, parsed once per distinct map."""
-        items = frozenset(metadata.items())
+        """The spec of a metadata map, parsed once per distinct map and namespace (the
+        default of ``podNamespace``)."""
+        items = (frozenset(metadata.items()), namespace)
         spec = self._specs.get(items)
         if spec is None:
-            spec = parse_trigger(metadata)
+            spec = parse_trigger(metadata, namespace)
             if len(self._specs) >= MAX_CACHED:
                 self._specs.clear()
             self._specs[items] = spec
