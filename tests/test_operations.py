@@ -13,6 +13,7 @@ from grpclib.health.v1.health_pb2 import HealthCheckRequest, HealthCheckResponse
 from prometheus_client.parser import text_string_to_metric_families
 
 from keda_gpu_scaler.app.compose import RunningScaler
+from keda_gpu_scaler.domain.snapshot import EMPTY_SNAPSHOT
 from keda_gpu_scaler.serving._proto.externalscaler import (
     ExternalScalerStub,
     GetMetricsRequest,
@@ -195,7 +196,7 @@ async def test_cycle_duration_and_tap_series_move() -> None:
         return _value(samples, name, **labels)
 
     assert series("keda_gpu_scaler_sampler_cycle_duration_seconds_count", source="nvml") is None
-    metrics.folded([Batch(source="nvml", samples=(), cycle_s=0.0013)])
+    metrics.folded([Batch(source="nvml", samples=(), cycle_s=0.0013)], EMPTY_SNAPSHOT)
     assert series("keda_gpu_scaler_sampler_cycle_duration_seconds_count", source="nvml") == 1
     assert (
         series("keda_gpu_scaler_sampler_cycle_duration_seconds_bucket", source="nvml", le="0.0025")

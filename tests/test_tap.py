@@ -9,6 +9,7 @@ import pytest
 from trio.testing import MockClock
 
 from keda_gpu_scaler.domain.samples import Batch, DeviceKey, GpuReading, SourceFault
+from keda_gpu_scaler.domain.snapshot import EMPTY_SNAPSHOT
 from keda_gpu_scaler.pipeline.tap import Tap, TapDecision, TapEvent, TapFilter
 
 
@@ -41,7 +42,7 @@ def _decision(trigger: str = "ns/a", metric: str = "m") -> TapDecision:
 
 def test_publishing_without_readers_does_nothing() -> None:
     tap = Tap()
-    tap.folded([Batch(source="nvml", samples=(_reading(0),))])
+    tap.folded([Batch(source="nvml", samples=(_reading(0),))], EMPTY_SNAPSHOT)
     assert (tap.subscribers, tap.dropped) == (0, 0)
 
 
@@ -92,7 +93,7 @@ async def test_reader_gets_json_lines_in_order(autojump_clock: MockClock) -> Non
     async with anyio.create_task_group() as tg:
         tg.start_soon(read)
         await anyio.sleep(1)
-        tap.folded([Batch(source="nvml", samples=(_reading(0), _reading(1)))])
+        tap.folded([Batch(source="nvml", samples=(_reading(0), _reading(1)))], EMPTY_SNAPSHOT)
         tap.publish(_decision())
     assert [(e["type"], e.get("index")) for e in got] == [
         ("gpu", 0),

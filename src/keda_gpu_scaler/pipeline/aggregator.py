@@ -11,6 +11,7 @@ from anyio.abc import TaskStatus
 from anyio.streams.memory import MemoryObjectReceiveStream
 
 from keda_gpu_scaler.domain.samples import Sample
+from keda_gpu_scaler.domain.snapshot import Snapshot
 from keda_gpu_scaler.pipeline.hub import SnapshotHub
 from keda_gpu_scaler.pipeline.state import fold
 
@@ -22,9 +23,9 @@ MAX_BATCH = 256
 
 
 class FoldObserver(Protocol):
-    def folded(self, batch: list[Sample]) -> None:
-        """Told of every batch of samples as it is folded (the debug tap, self-metrics);
-        must not block."""
+    def folded(self, batch: list[Sample], snapshot: Snapshot) -> None:
+        """Told of every batch of samples as it is folded, with the snapshot it made (the
+        debug tap, self-metrics); must not block."""
 
 
 class Aggregator:
@@ -44,9 +45,10 @@ class Aggregator:
             task_status.started()
             async for first in self._receive:
                 batch = [first, *self._drain()]
-                self._hub.publish(fold(self._hub.current, batch, anyio.current_time()))
+                snapshot = fold(self._hub.current, batch, anyio.current_time())
+                self._hub.publish(snapshot)
                 for observer in self._observers:
-                    observer.folded(batch)
+                    observer.folded(batch, snapshot)
 
     def _drain(self) -> list[Sample]:
         """Whatever else is already queued, so one sampler cycle makes one snapshot."""

@@ -14,9 +14,13 @@ from dataclasses import dataclass
 import anyio
 import msgspec
 
+from keda_gpu_scaler.domain.attribution import attribute
 from keda_gpu_scaler.domain.engines import EngineSample
 from keda_gpu_scaler.domain.samples import (
     Batch,
+    DeviceHolder,
+    DeviceKey,
+    DraDevice,
     GpuReading,
     PodResourcesReading,
     PodsReading,
@@ -24,6 +28,7 @@ from keda_gpu_scaler.domain.samples import (
     SourceFault,
     SourceStopped,
 )
+from keda_gpu_scaler.domain.snapshot import Snapshot
 
 
 class TapDecision(msgspec.Struct, frozen=True, kw_only=True, tag="decision"):
@@ -40,7 +45,47 @@ class TapDecision(msgspec.Struct, frozen=True, kw_only=True, tag="decision"):
     error: str | None = None
 
 
-TapEvent = GpuReading | SourceFault | EngineSample | PodResourcesReading | PodsReading | TapDecision
+class TapHeldDevice(msgspec.Struct, frozen=True, kw_only=True):
+    key: DeviceKey
+    index: int
+    label: str
+    """``GPU 0`` or ``MIG 0:7``, as decision explanations name it."""
+    holders: tuple[DeviceHolder, ...]
+    """Every pod and container holding it: more than one when it is shared."""
+
+
+class TapAttribution(msgspec.Struct, frozen=True, kw_only=True, tag="attribution"):
+    """Each kubelet PodResources answer, joined with NVML's devices: who holds which device,
+    which device IDs match no device NVML reports (never guessed), and DRA allocations."""
+
+    source: str
+    at: float
+    devices: tuple[TapHeldDevice, ...]
+    unmatched: tuple[DeviceHolder, ...] = ()
+    dra: tuple[DraDevice, ...] = ()
+
+
+TapEvent = GpuReading | SourceFault | EngineSample | PodsReading | TapAttribution | TapDecision
+
+
+def tap_attribution(reading: PodResourcesReading, snapshot: Snapshot) -> TapAttribution:
+    joined = attribute(snapshot)
+    held: list[TapHeldDevice] = []
+    if joined is not None:
+        for key, holders in joined.by_device.items():
+            device = snapshot.devices[key]
+            held.append(
+                TapHeldDevice(key=key, index=device.index, label=device.label, holders=holders)
+            )
+    held.sort(key=lambda d: (d.index, d.key))
+    return TapAttribution(
+        source=reading.source,
+        at=reading.taken_at,
+        devices=tuple(held),
+        unmatched=() if joined is None else joined.unmatched,
+        dra=reading.dra,
+    )
+
 
 _ENCODER = msgspec.json.Encoder()
 
@@ -67,8 +112,10 @@ class TapFilter:
             return False
         if isinstance(event, EngineSample | PodsReading):
             return self.device is None
-        if isinstance(event, PodResourcesReading):
-            return self.device is None or any(self.device in h.device_id for h in event.holders)
+        if isinstance(event, TapAttribution):
+            return self.device is None or any(
+                self.device in (str(d.index), d.key) for d in event.devices
+            )
         return self.device is None or self.device in (str(event.index), event.key)
 
 
@@ -139,14 +186,17 @@ class Tap:
         self._subscribers.discard(subscription)
         self._dropped_closed += subscription.dropped
 
-    def folded(self, samples: list[Sample]) -> None:
-        """Every sample of a folded batch (the aggregator's observer)."""
+    def folded(self, samples: list[Sample], snapshot: Snapshot) -> None:
+        """Every sample of a folded batch (the aggregator's observer); a PodResources
+        answer is shown joined with the snapshot's devices."""
         if not self._subscribers:
             return
         for sample in samples:
             if isinstance(sample, Batch):
                 for event in sample.samples:
                     self.publish(event)
+            elif isinstance(sample, PodResourcesReading):
+                self.publish(tap_attribution(sample, snapshot))
             elif not isinstance(sample, SourceStopped):
                 self.publish(sample)
 

@@ -16,6 +16,7 @@ from prometheus_client import CollectorRegistry, Counter, Histogram, generate_la
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from keda_gpu_scaler.domain.attribution import attribute
 from keda_gpu_scaler.domain.catalog import CATALOG, Origin
 from keda_gpu_scaler.domain.decision import Decision, TriggerKey
 from keda_gpu_scaler.domain.samples import Batch, GpuReading, Sample
@@ -106,7 +107,7 @@ class SelfMetrics:
 
     # -- Telemetry --------------------------------------------------------------------
 
-    def folded(self, batch: list[Sample]) -> None:
+    def folded(self, batch: list[Sample], snapshot: Snapshot) -> None:
         for sample in batch:
             if isinstance(sample, Batch) and sample.cycle_s is not None:
                 self.cycle_seconds.labels(sample.source).observe(sample.cycle_s)
@@ -181,6 +182,7 @@ class _LiveCollector(Collector):
         now = anyio.current_time()
         snapshot = self._snapshot()
         yield from _gpu_families(snapshot, now)
+        yield from _attribution_families(snapshot)
         yield from _source_families(snapshot, now)
         yield from _decision_families(self._decisions, now)
         streams = GaugeMetricFamily(f"{PREFIX}_open_streams", "open StreamIsActive streams")
@@ -244,6 +246,45 @@ def _gpu_families(snapshot: Snapshot, now: float) -> Iterator[Metric]:
             if value is not None:
                 family.add_metric(_labels(reading), value)
         yield family
+
+
+_HOLDER_LABELS = ["namespace", "pod", "container", "resource", "device_id"]
+
+
+def _attribution_families(snapshot: Snapshot) -> Iterator[Metric]:
+    """Who holds each device (an info series per holder, to join on ``uuid``), the device IDs
+    that match no device NVML reports, and DRA allocations, from the last kubelet answer."""
+    joined = attribute(snapshot)
+    if joined is None or snapshot.attribution is None:
+        return
+    info = GaugeMetricFamily(
+        f"{PREFIX}_gpu_pod_info",
+        "1 per pod container holding a GPU or MIG instance (kubelet PodResources)",
+        labels=["index", "uuid", "mig_instance", *_HOLDER_LABELS],
+    )
+    for device in snapshot.ordered_devices():
+        mig = device.label.removeprefix("MIG ") if device.label.startswith("MIG ") else ""
+        for h in joined.holders(device.key):
+            row = [h.namespace, h.pod, h.container, h.resource, h.device_id]
+            info.add_metric([str(device.index), device.key, mig, *row], 1.0)
+    yield info
+    unmatched = GaugeMetricFamily(
+        f"{PREFIX}_pod_resources_unmatched_devices",
+        "1 per device ID held by a pod that matches no device NVML reports (never guessed)",
+        labels=_HOLDER_LABELS,
+    )
+    for h in joined.unmatched:
+        unmatched.add_metric([h.namespace, h.pod, h.container, h.resource, h.device_id], 1.0)
+    yield unmatched
+    dra = GaugeMetricFamily(
+        f"{PREFIX}_pod_resources_dra_devices",
+        "1 per DRA device allocated to a pod container (not joined to NVML)",
+        labels=["namespace", "pod", "container", "claim", "driver", "pool", "device"],
+    )
+    for d in snapshot.attribution.dra:
+        claim = f"{d.claim_namespace}/{d.claim_name}"
+        dra.add_metric([d.namespace, d.pod, d.container, claim, d.driver, d.pool, d.device], 1.0)
+    yield dra
 
 
 def _source_families(snapshot: Snapshot, now: float) -> Iterator[Metric]:

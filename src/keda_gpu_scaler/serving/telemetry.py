@@ -11,10 +11,11 @@ from typing import Protocol
 
 from keda_gpu_scaler.domain.decision import Decision, TriggerKey
 from keda_gpu_scaler.domain.samples import Sample
+from keda_gpu_scaler.domain.snapshot import Snapshot
 
 
 class Telemetry(Protocol):
-    def folded(self, batch: list[Sample]) -> None: ...
+    def folded(self, batch: list[Sample], snapshot: Snapshot) -> None: ...
 
     def decided(self, key: TriggerKey, rpc: str, decision: Decision, now: float) -> None: ...
 
@@ -27,7 +28,7 @@ class Telemetry(Protocol):
 class NoTelemetry:
     """Tells nobody (tests, tools)."""
 
-    def folded(self, batch: list[Sample]) -> None:
+    def folded(self, batch: list[Sample], snapshot: Snapshot) -> None:
         pass
 
     def decided(self, key: TriggerKey, rpc: str, decision: Decision, now: float) -> None:
