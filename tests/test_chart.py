@@ -20,11 +20,19 @@ import yaml
 from keda_gpu_scaler import __version__
 from tests.k8s_tools import Obj, load_all, run_tool, scratch, tool, validate
 from tests.test_manifests import (
+    CLUSTER_SCOPED,
     SCALER_ADDRESS,
+    SCALER_UID,
+    SOCKET,
+    assert_attribution_off,
+    assert_attribution_on,
     assert_hardened,
+    assert_namespaced,
+    assert_pod_reader,
     assert_serve_flags,
     container_of,
     daemonset_of,
+    env_of,
     of_kind,
     render,
 )
@@ -87,7 +95,7 @@ def test_rendered_objects_match_their_schemas(
     docs = template(values)
     assert sum(validate(doc) for doc in docs) >= 4
     for doc in docs:
-        assert doc["metadata"]["namespace"] == NAMESPACE, doc["kind"]
+        assert_namespaced(doc)
     assert_hardened(docs)
     assert_serve_flags(docs, monkeypatch)
 
@@ -182,6 +190,123 @@ def test_disabled_ports_leave_no_trace() -> None:
     assert "runtimeClassName" not in pod and "nodeSelector" not in pod
 
 
+# --- pod attribution ----------------------------------------------------------------------
+
+NO_ATTRIBUTION = CHART / "ci" / "no-pod-attribution-values.yaml"
+K0S = CHART / "ci" / "k0s-pod-attribution-values.yaml"
+
+
+def test_pod_attribution_is_on_by_default() -> None:
+    docs = template()
+    assert env_of(docs)["KEDA_GPU_SCALER_POD_RESOURCES_SOCKET"]["value"] == SOCKET
+    assert_attribution_on(docs)
+
+
+def test_no_pod_attribution_values_render_the_overlay() -> None:
+    docs = template(NO_ATTRIBUTION)
+    assert_attribution_off(docs)
+    overlay = render("overlays/no-pod-attribution")
+    assert by_name(daemonset_of(docs)) == by_name(daemonset_of(overlay))
+    assert sorted(d["kind"] for d in docs) == sorted(d["kind"] for d in overlay)
+
+
+def test_disabled_pod_attribution_is_the_pod_without_it() -> None:
+    """Off, the pod is the locked-down one, with the TLS group and nothing of attribution."""
+    docs = template(NO_ATTRIBUTION, "tls.enabled=true")
+    pod = daemonset_of(docs)["spec"]["template"]["spec"]
+    assert pod["securityContext"] == {
+        "runAsNonRoot": True,
+        "runAsUser": SCALER_UID,
+        "runAsGroup": SCALER_UID,
+        "fsGroup": SCALER_UID,
+        "seccompProfile": {"type": "RuntimeDefault"},
+    }
+    mounts = {m["name"] for m in container_of(docs)["volumeMounts"]}
+    assert mounts == {"tmp", "tls"}
+    assert {v["name"] for v in pod["volumes"]} == {"tmp", "tls"}
+
+
+def test_pod_attribution_follows_a_moved_kubelet_root() -> None:
+    docs = template(K0S)
+    pod = daemonset_of(docs)["spec"]["template"]["spec"]
+    env = env_of(docs)
+    directory = "/var/lib/k0s/kubelet/pod-resources"
+    assert env["KEDA_GPU_SCALER_POD_RESOURCES_SOCKET"]["value"] == f"{directory}/kubelet.sock"
+    assert env["KEDA_GPU_SCALER_POD_RESOURCES_INTERVAL"]["value"] == "10s"
+    resource_names = "nvidia.com/gpu,nvidia.com/gpu.shared,nvidia.com/mig-*"
+    assert env["KEDA_GPU_SCALER_GPU_RESOURCE_NAMES"]["value"] == resource_names
+    (volume,) = [v for v in pod["volumes"] if "hostPath" in v]
+    assert volume["hostPath"]["path"] == directory
+    assert_attribution_on(docs)
+    # The account the chart does not create is the one bound.
+    assert of_kind(docs, "ServiceAccount") == []
+    assert pod["serviceAccountName"] == "gpu-scaler"
+    (binding,) = of_kind(docs, "ClusterRoleBinding")
+    assert binding["subjects"] == [
+        {"kind": "ServiceAccount", "name": "gpu-scaler", "namespace": NAMESPACE}
+    ]
+
+
+def test_root_reads_the_tls_secret_as_its_owner_and_by_group() -> None:
+    """uid 0 without CAP_DAC_OVERRIDE reads a 0440 file only as its owner or its group:
+    the kubelet writes the Secret's files as root, and the process's group is fsGroup."""
+    docs = template(CHART / "ci" / "tls-values.yaml")
+    pod = daemonset_of(docs)["spec"]["template"]["spec"]
+    assert pod["securityContext"]["runAsUser"] == 0
+    assert pod["securityContext"]["runAsGroup"] == pod["securityContext"]["fsGroup"] == SCALER_UID
+    (tls,) = [v for v in pod["volumes"] if "secret" in v]
+    assert tls["secret"]["defaultMode"] == 0o440
+
+
+def test_rbac_create_false_leaves_the_binding_to_the_installer() -> None:
+    docs = template(None, "rbac.create=false")
+    assert [d for d in docs if d["kind"] in CLUSTER_SCOPED] == []
+    # The pod still attributes: the token is mounted for a role someone else binds.
+    pod = daemonset_of(docs)["spec"]["template"]["spec"]
+    assert pod["automountServiceAccountToken"] is True
+    assert_pod_reader(template())
+
+
+def test_pod_reader_is_never_bound_to_the_default_account() -> None:
+    stderr = refusal("--set", "serviceAccount.create=false")
+    assert "needs serviceAccount.name" in stderr
+    assert "default ServiceAccount" in stderr
+
+
+def test_release_names_the_cluster_objects() -> None:
+    docs = template(None, "fullnameOverride=gpu-scaler")
+    for doc in docs:
+        assert doc["metadata"]["name"] == "gpu-scaler" or doc["kind"] == "Service", doc["kind"]
+    (binding,) = of_kind(docs, "ClusterRoleBinding")
+    assert binding["roleRef"]["name"] == "gpu-scaler"
+    assert binding["subjects"][0]["name"] == "gpu-scaler"
+
+
+def notes(*sets: str) -> str:
+    """The NOTES an install prints (a client-side dry run: no cluster)."""
+    args: list[str | Path] = ["install", RELEASE, CHART, "--namespace", NAMESPACE]
+    args.append("--dry-run=client")
+    for item in sets:
+        args += ["--set", item]
+    result = helm(*args)
+    assert result.returncode == 0, result.stderr
+    return result.stdout.split("\nNOTES:\n", 1)[1]
+
+
+def test_notes_say_what_pod_attribution_takes() -> None:
+    on = notes()
+    assert SOCKET in on
+    assert "uid 0 without any capability" in on
+    assert f"ClusterRole {RELEASE} grants get, list and watch on pods" in on
+    assert "privileged-level pods" in on
+    unbound = notes("rbac.create=false")
+    assert f"bind ServiceAccount {RELEASE} to a role" in unbound
+    assert "ClusterRole" not in unbound
+    off = notes("podAttribution.enabled=false")
+    assert "Pod attribution is off" in off
+    assert SOCKET not in off and "uid 65532" in off
+
+
 # --- one source of truth ------------------------------------------------------------------
 
 
@@ -200,7 +325,14 @@ def test_single_file_is_the_whole_chart() -> None:
     single = load_all((ROOT / "k8s" / "keda-gpu-scaler.yaml").read_text())
     assert single == template()
     kinds = sorted(d["kind"] for d in single)
-    assert kinds == ["DaemonSet", "Service", "Service", "ServiceAccount"]
+    assert kinds == [
+        "ClusterRole",
+        "ClusterRoleBinding",
+        "DaemonSet",
+        "Service",
+        "Service",
+        "ServiceAccount",
+    ]
 
 
 # --- what the schema refuses --------------------------------------------------------------
@@ -210,7 +342,7 @@ def test_single_file_is_the_whole_chart() -> None:
     ("setting", "says"),
     [
         ("securityContext.privileged=true", "runtimeClassName: nvidia gives NVML the GPUs"),
-        ("securityContext.runAsUser=0", "runs as 65532"),
+        ("securityContext.runAsUser=0", "runs as 65532, or as uid 0 without any capability"),
         ("nvmlHostMounts.enabled=true", "NVIDIA container runtime"),
         ("mock.enabled=true", "use source: replay"),
         ("role=node-agents-and-cluster-scaler", "cluster scaler"),
@@ -235,10 +367,64 @@ def test_schema_refuses_go_values_that_mean_nothing_here(setting: str, says: str
         "healthCheck.interval=soon",
         "replicas=1",  # a typo of any kind is an error, not silently ignored
         "tls.enabled=yes",
+        "podAttribution.enabled=yes",
+        "rbac.create=yes",
+        "podAttribution.socket=/var/lib/kubelet/pod-resources/kubelet.sock",
+        "rbac.namespaced=true",
+        "podAttribution=null",
+        "rbac=null",
     ],
 )
 def test_schema_refuses_bad_values(setting: str) -> None:
     assert "schema" in refusal("--set-string" if "=yes" in setting else "--set", setting)
+
+
+@pytest.mark.parametrize(
+    ("setting", "why"),
+    [
+        ("podAttribution.socketDir=var/lib/kubelet/pod-resources", "relative"),
+        ("podAttribution.socketDir=/var/lib/kubelet/pod-resources/", "trailing slash"),
+        ("podAttribution.socketDir=/var/lib/kubelet", "not the kubelet's pod-resources"),
+        ("podAttribution.socketDir=/", "the host's root"),
+        ("podAttribution.socketDir=/etc", "not the kubelet's pod-resources"),
+        ("podAttribution.socketDir=/var/lib/../../pod-resources", "a .. segment"),
+        ("podAttribution.socketDir=/var//pod-resources", "an empty segment"),
+        ("podAttribution.socketDir=/var/lib/kubelet/pod-resources/kubelet.sock", "the socket"),
+        ("podAttribution.socketDir=", "empty"),
+        ("podAttribution.interval=0", "zero"),
+        ("podAttribution.interval=-5", "negative"),
+        ("podAttribution.interval=soon", "not a duration"),
+        ("podAttribution.gpuResourceNames=null", "null"),
+        ("podAttribution.gpuResourceNames={}", "empty"),
+        ("podAttribution.gpuResourceNames={gpu}", "no domain"),
+        ("podAttribution.gpuResourceNames={nvidia.com/}", "no name"),
+        ("podAttribution.gpuResourceNames={nvidia.com/gpu,nvidia.com/gpu}", "twice"),
+        ("podAttribution.gpuResourceNames={nvidia.com/gpu\\,amd.com/gpu}", "a comma"),
+        ("podAttribution.gpuResourceNames={nvidia.com/*gpu}", "a star inside"),
+        ("podAttribution.gpuResourceNames={Nvidia.com/gpu}", "an upper-case domain"),
+    ],
+)
+def test_schema_refuses_bad_pod_attribution_values(setting: str, why: str) -> None:
+    block, key = setting.split("=")[0].split(".")
+    stderr = refusal("--set", setting)
+    assert "values don't meet the specifications of the schema" in stderr, why
+    # The error names the key: at '/podAttribution/socketDir', or its absence.
+    assert f"at '/{block}/{key}" in stderr or f"missing property '{key}'" in stderr, why
+
+
+@pytest.mark.parametrize(
+    "setting",
+    [
+        "podAttribution.socketDir=/var/snap/microk8s/common/var/lib/kubelet/pod-resources",
+        "podAttribution.socketDir=/var/lib/k0s/kubelet/pod-resources",
+        "podAttribution.interval=0.5",
+        "podAttribution.interval=1m",
+        "podAttribution.gpuResourceNames={nvidia.com/*}",
+        "podAttribution.gpuResourceNames={gpu.intel.com/i915,amd.com/gpu}",
+    ],
+)
+def test_schema_accepts_pod_attribution_values(setting: str) -> None:
+    assert_attribution_on(template(None, setting))
 
 
 def test_schema_messages_cannot_be_used_as_values() -> None:

@@ -41,7 +41,13 @@ from tests.k8s_tools import (
 
 ROOT = Path(__file__).resolve().parent.parent
 K8S = ROOT / "k8s"
-OVERLAYS = ("base", "overlays/tls", "overlays/prometheus", "overlays/node")
+OVERLAYS = (
+    "base",
+    "overlays/tls",
+    "overlays/prometheus",
+    "overlays/node",
+    "overlays/no-pod-attribution",
+)
 EXAMPLES = sorted((K8S / "examples").glob("*.yaml"))
 DASHBOARD = K8S / "grafana" / "keda-gpu-scaler-dashboard.json"
 IMAGE = "ghcr.io/keda-gpu-scaler/keda-gpu-scaler"
@@ -53,6 +59,15 @@ COUNT_UNITS = {"requests", "requests/s"}
 """Demand that composes over replicas (KEDA contract §11): AverageValue. Levels: Value."""
 POD_ENV = {"NVIDIA_VISIBLE_DEVICES", "NVIDIA_DRIVER_CAPABILITIES", "NODE_NAME", "POD_NAME"}
 POD_ENV |= {"POD_NAMESPACE"}
+CLUSTER_SCOPED = {"ClusterRole", "ClusterRoleBinding"}
+# What a kubelet gives the Downward API's variables, in the tests that parse them.
+DOWNWARD = {"spec.nodeName": "gpu-node-1", "metadata.name": "keda-gpu-scaler-x7k2p"}
+DOWNWARD |= {"metadata.namespace": NAMESPACE}
+SCALER_UID = 65532
+# Pod attribution: the kubelet's PodResources socket (the kubelet's root directory, then
+# pod-resources/kubelet.sock) and the only rule the pod watch needs.
+SOCKET = "/var/lib/kubelet/pod-resources/kubelet.sock"
+POD_READER_RULES = [{"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch"]}]
 
 
 @cache
@@ -83,6 +98,15 @@ def container_of(docs: tuple[Obj, ...]) -> Obj:
     containers: list[Obj] = daemonset_of(docs)["spec"]["template"]["spec"]["containers"]
     (c,) = containers
     return c
+
+
+def env_of(docs: tuple[Obj, ...]) -> dict[str, Obj]:
+    return {e["name"]: e for e in container_of(docs)["env"]}
+
+
+def attributes_pods(docs: tuple[Obj, ...]) -> bool:
+    """Whether the scaler attributes GPUs to pods: it is given a PodResources socket."""
+    return bool(env_of(docs)["KEDA_GPU_SCALER_POD_RESOURCES_SOCKET"]["value"])
 
 
 def daemonset(overlay: str) -> Obj:
@@ -123,6 +147,14 @@ def test_kustomize_renders_offline(overlay: str) -> None:
     for doc in docs:
         assert doc["metadata"]["name"]
         assert doc["metadata"]["labels"]["app.kubernetes.io/name"] == "keda-gpu-scaler"
+        assert_namespaced(doc)
+
+
+def assert_namespaced(doc: Obj) -> None:
+    """In namespace keda, or cluster-scoped (where a namespace would be an error)."""
+    if doc["kind"] in CLUSTER_SCOPED:
+        assert "namespace" not in doc["metadata"], doc["kind"]
+    else:
         assert doc["metadata"]["namespace"] == NAMESPACE, doc["kind"]
 
 
@@ -173,34 +205,104 @@ def test_daemonset_runs_unprivileged_on_gpu_nodes(overlay: str) -> None:
 
 
 def assert_hardened(docs: tuple[Obj, ...]) -> None:
-    """The pod of today's base: unprivileged, no host access, no token, no GPU taken."""
+    """The pod of the base: unprivileged, no host access but the PodResources directory
+    (read-only), no GPU taken; uid 0 without any capability only when it attributes pods."""
     pod = daemonset_of(docs)["spec"]["template"]["spec"]
     c = container_of(docs)
-    for key in ("hostNetwork", "hostPID", "hostIPC"):
-        assert not pod.get(key), key
-    assert all("hostPath" not in v for v in pod.get("volumes", []))
-    assert pod["automountServiceAccountToken"] is False
+    for key in ("hostNetwork", "hostPID", "hostIPC", "hostUsers"):
+        assert key not in pod, key  # hostUsers: false would make uid 0 not the socket's owner
     # A Service named keda-gpu-scaler would inject KEDA_GPU_SCALER_PORT=tcp://...
     assert pod["enableServiceLinks"] is False
-    assert pod["securityContext"]["runAsNonRoot"] is True
-    assert pod["securityContext"]["runAsUser"] == 65532
+    assert pod["securityContext"]["runAsGroup"] == SCALER_UID
     assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+    assert not {"supplementalGroups", "sysctls"} & set(pod["securityContext"])
     security = c["securityContext"]
     assert security["privileged"] is False
     assert security["allowPrivilegeEscalation"] is False
     assert security["readOnlyRootFilesystem"] is True
-    assert security["runAsNonRoot"] is True
     assert security["capabilities"] == {"drop": ["ALL"]}
-    assert "add" not in security["capabilities"]
-    env = {e["name"]: e for e in c["env"]}
+    assert not {"runAsUser", "runAsGroup", "seLinuxOptions", "procMount"} & set(security)
+    env = env_of(docs)
     assert env["NVIDIA_VISIBLE_DEVICES"]["value"] == "all"
     assert env["NVIDIA_DRIVER_CAPABILITIES"]["value"] == "utility"
-    assert env["NODE_NAME"]["valueFrom"] == {"fieldRef": {"fieldPath": "spec.nodeName"}}
     assert env["POD_NAME"]["valueFrom"] == {"fieldRef": {"fieldPath": "metadata.name"}}
     resources = c["resources"]
     for kind in ("requests", "limits"):
         assert {"cpu", "memory"} <= set(resources[kind]), kind
         assert "nvidia.com/gpu" not in resources[kind], "the scaler must not take a GPU"
+    if attributes_pods(docs):
+        assert_attribution_on(docs)
+    else:
+        assert_attribution_off(docs)
+
+
+def host_paths(pod: Obj) -> list[Obj]:
+    return [v for v in pod.get("volumes", []) if "hostPath" in v]
+
+
+def assert_attribution_on(docs: tuple[Obj, ...]) -> None:
+    """The socket's directory read-only, uid 0 with nothing more, a token, this node."""
+    pod = daemonset_of(docs)["spec"]["template"]["spec"]
+    c = container_of(docs)
+    env = env_of(docs)
+    socket = Path(env["KEDA_GPU_SCALER_POD_RESOURCES_SOCKET"]["value"])
+    assert socket.is_absolute() and socket.name == "kubelet.sock"
+    assert socket.parent.name == "pod-resources"
+    (volume,) = host_paths(pod)
+    assert volume["hostPath"] == {"path": str(socket.parent), "type": "Directory"}
+    (mount,) = [m for m in c["volumeMounts"] if m["name"] == volume["name"]]
+    assert mount == {"name": volume["name"], "mountPath": str(socket.parent), "readOnly": True}
+    # The owner of the socket, root:root 0755: uid 0, and no capability, no escalation.
+    assert pod["securityContext"]["runAsUser"] == 0
+    assert pod["securityContext"]["runAsNonRoot"] is False
+    assert c["securityContext"]["runAsNonRoot"] is False
+    assert pod["automountServiceAccountToken"] is True
+    assert env["NODE_NAME"] == {
+        "name": "NODE_NAME",
+        "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}},
+    }
+    assert env["KEDA_GPU_SCALER_POD_RESOURCES_INTERVAL"]["value"]
+    assert env["KEDA_GPU_SCALER_GPU_RESOURCE_NAMES"]["value"]
+    assert_pod_reader(docs)
+
+
+def assert_attribution_off(docs: tuple[Obj, ...]) -> None:
+    """The locked-down pod: uid 65532, no hostPath, no token, no node name, no RBAC."""
+    pod = daemonset_of(docs)["spec"]["template"]["spec"]
+    c = container_of(docs)
+    env = env_of(docs)
+    assert host_paths(pod) == []
+    assert pod["securityContext"]["runAsUser"] == SCALER_UID
+    assert pod["securityContext"]["runAsNonRoot"] is True
+    assert c["securityContext"]["runAsNonRoot"] is True
+    assert pod["automountServiceAccountToken"] is False
+    # An empty node name turns the pod watch off; nothing else would stop it.
+    assert env["NODE_NAME"] == {"name": "NODE_NAME", "value": ""}
+    assert "KEDA_GPU_SCALER_POD_RESOURCES_INTERVAL" not in env
+    assert "KEDA_GPU_SCALER_GPU_RESOURCE_NAMES" not in env
+    assert [d["kind"] for d in docs if d["kind"] in CLUSTER_SCOPED] == []
+    assert of_kind(docs, "Role") == of_kind(docs, "RoleBinding") == []
+
+
+def assert_pod_reader(docs: tuple[Obj, ...]) -> None:
+    """One ClusterRole, get, list and watch on pods only, bound to the pods' account only."""
+    pod = daemonset_of(docs)["spec"]["template"]["spec"]
+    (role,) = of_kind(docs, "ClusterRole")
+    (binding,) = of_kind(docs, "ClusterRoleBinding")
+    assert role["rules"] == POD_READER_RULES
+    assert "aggregationRule" not in role
+    assert binding["roleRef"] == {
+        "apiGroup": "rbac.authorization.k8s.io",
+        "kind": "ClusterRole",
+        "name": role["metadata"]["name"],
+    }
+    account = {"kind": "ServiceAccount", "name": pod["serviceAccountName"], "namespace": NAMESPACE}
+    assert binding["subjects"] == [account]
+    for created in of_kind(docs, "ServiceAccount"):
+        assert created["metadata"]["name"] == pod["serviceAccountName"]
+        # Other pods of the account get no token by default; this pod asks for one.
+        assert created["automountServiceAccountToken"] is False
+    assert of_kind(docs, "Role") == of_kind(docs, "RoleBinding") == []
 
 
 @pytest.mark.parametrize("overlay", OVERLAYS)
@@ -225,13 +327,19 @@ def assert_serve_flags(docs: tuple[Obj, ...], monkeypatch: pytest.MonkeyPatch) -
             assert name in variables, name
         else:
             assert name in POD_ENV, name
-    # The values parse as the server would parse them (flags read their variables).
-    for name, value in plain.items():
-        monkeypatch.setenv(name, value)
+    # The values parse as the server would parse them (flags read their variables), the
+    # Downward API's as a kubelet would fill them in.
+    for e in c["env"]:
+        value = e["value"] if "value" in e else DOWNWARD[e["valueFrom"]["fieldRef"]["fieldPath"]]
+        monkeypatch.setenv(e["name"], value)
     args = build_parser().parse_args(c["args"])
     ports = {p["name"]: p["containerPort"] for p in c["ports"]}
     wanted = {"grpc": args.port, "metrics": args.metrics_port, "probes": args.probe_port}
     assert ports == {name: port for name, port in wanted.items() if port}
+    # Pod attribution is on with a socket and a node name, off without both.
+    socket = plain["KEDA_GPU_SCALER_POD_RESOURCES_SOCKET"]
+    assert args.pod_resources_socket == socket
+    assert args.node_name == (DOWNWARD["spec.nodeName"] if socket else "")
     return args
 
 
@@ -296,6 +404,98 @@ def test_tls_overlay_mounts_the_secret_and_sets_the_flags() -> None:
     ):
         assert env[variable] == f"{mount['mountPath']}/{file}"
     assert "KEDA_GPU_SCALER_TLS_CERT" not in {e["name"] for e in container("base")["env"]}
+
+
+ATTRIBUTING = tuple(o for o in OVERLAYS if o != "overlays/no-pod-attribution")
+
+
+@pytest.mark.parametrize("overlay", ATTRIBUTING)
+def test_pod_attribution_reads_the_kubelet_socket_and_this_nodes_pods(overlay: str) -> None:
+    docs = render(overlay)
+    env = env_of(docs)
+    assert env["KEDA_GPU_SCALER_POD_RESOURCES_SOCKET"]["value"] == SOCKET
+    assert env["KEDA_GPU_SCALER_POD_RESOURCES_INTERVAL"]["value"] == "5"
+    assert env["KEDA_GPU_SCALER_GPU_RESOURCE_NAMES"]["value"] == "nvidia.com/gpu,nvidia.com/mig-*"
+    assert_attribution_on(docs)
+    kinds = sorted(d["kind"] for d in docs if d["kind"] in CLUSTER_SCOPED)
+    assert kinds == ["ClusterRole", "ClusterRoleBinding"]
+
+
+def test_no_pod_attribution_overlay_is_the_locked_down_pod() -> None:
+    docs = render("overlays/no-pod-attribution")
+    assert not attributes_pods(docs)
+    assert_attribution_off(docs)
+    # Everything else is the base's.
+    assert {d["kind"] for d in docs} == {"ServiceAccount", "Service", "DaemonSet"}
+    base = {(d["kind"], d["metadata"]["name"]): d for d in render("base")}
+    for doc in docs:
+        if doc["kind"] != "DaemonSet":
+            assert doc == base[(doc["kind"], doc["metadata"]["name"])]
+
+
+def test_node_overlay_binds_its_own_account() -> None:
+    """kustomize's name suffix reaches the binding's role and subject: the node's scaler
+    is bound, not the base's account."""
+    docs = render("overlays/node")
+    (binding,) = of_kind(docs, "ClusterRoleBinding")
+    assert binding["roleRef"]["name"] == "keda-gpu-scaler-gpu-node-1"
+    assert binding["subjects"][0]["name"] == "keda-gpu-scaler-gpu-node-1"
+    assert_pod_reader(docs)
+
+
+def widened(docs: tuple[Obj, ...], change: str) -> tuple[Obj, ...]:
+    """A copy of the base with one privilege more than it needs."""
+    copy: tuple[Obj, ...] = tuple(json.loads(json.dumps(docs)))
+    (ds,) = of_kind(copy, "DaemonSet")
+    pod = ds["spec"]["template"]["spec"]
+    c = pod["containers"][0]
+    (role,) = of_kind(copy, "ClusterRole")
+    if change == "writable mount":
+        (mount,) = [m for m in c["volumeMounts"] if m["name"] == "pod-resources"]
+        mount["readOnly"] = False
+    elif change == "a capability":
+        c["securityContext"]["capabilities"]["add"] = ["DAC_OVERRIDE"]
+    elif change == "escalation":
+        c["securityContext"]["allowPrivilegeEscalation"] = True
+    elif change == "privileged":
+        c["securityContext"]["privileged"] = True
+    elif change == "host root":
+        (volume,) = host_paths(pod)
+        volume["hostPath"]["path"] = "/"
+    elif change == "user namespace":
+        pod["hostUsers"] = False
+    elif change == "secrets":
+        role["rules"].append({"apiGroups": [""], "resources": ["secrets"], "verbs": ["get"]})
+    elif change == "writes pods":
+        role["rules"][0]["verbs"].append("patch")
+    elif change == "no node name":
+        env = {e["name"]: e for e in c["env"]}
+        env["NODE_NAME"].pop("valueFrom")
+        env["NODE_NAME"]["value"] = ""
+    else:
+        raise AssertionError(change)
+    return copy
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        "writable mount",
+        "a capability",
+        "escalation",
+        "privileged",
+        "host root",
+        "user namespace",
+        "secrets",
+        "writes pods",
+        "no node name",
+    ],
+)
+def test_hardening_check_refuses_a_widened_pod(change: str) -> None:
+    docs = render("base")
+    assert_hardened(docs)
+    with pytest.raises(AssertionError):
+        assert_hardened(widened(docs, change))
 
 
 def test_service_monitor_scrapes_each_pod_once() -> None:

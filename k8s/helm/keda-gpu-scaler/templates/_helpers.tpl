@@ -49,3 +49,14 @@ app.kubernetes.io/part-of: keda-gpu-scaler
 {{- define "keda-gpu-scaler.image" -}}
 {{ .Values.image.repository }}:{{ .Values.image.tag | default .Chart.AppVersion }}
 {{- end }}
+
+{{/*
+Pod attribution's RBAC: one ClusterRole and its binding, named after the release.
+*/}}
+{{- define "keda-gpu-scaler.rbacEnabled" -}}
+{{- if and .Values.podAttribution.enabled .Values.rbac.create }}true{{ end }}
+{{- end }}
+
+{{- define "keda-gpu-scaler.podResourcesSocket" -}}
+{{ .Values.podAttribution.socketDir }}/kubelet.sock
+{{- end }}
