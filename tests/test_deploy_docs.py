@@ -1,10 +1,15 @@
-"""docs/getting-started.md and docs/migration.md: they name what exists and miss nothing."""
+"""docs/getting-started.md, docs/migration.md and docs/operations.md: they name what exists
+and miss nothing."""
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 
+import yaml
+
+from keda_gpu_scaler.app.cli import SERVE_FLAGS
 from keda_gpu_scaler.domain.catalog import MetricType
 from keda_gpu_scaler.domain.profiles import PROFILES
 from keda_gpu_scaler.domain.trigger import TRIGGER_KEYS
@@ -12,6 +17,9 @@ from keda_gpu_scaler.domain.trigger import TRIGGER_KEYS
 ROOT = Path(__file__).resolve().parent.parent
 GETTING_STARTED = ROOT / "docs" / "getting-started.md"
 MIGRATION = ROOT / "docs" / "migration.md"
+OPERATIONS = ROOT / "docs" / "operations.md"
+CHART = ROOT / "k8s" / "helm" / "keda-gpu-scaler"
+POD_ATTRIBUTION = "## Pod attribution: what the node agent needs"
 
 
 def test_getting_started_names_only_files_that_exist() -> None:
@@ -55,3 +63,53 @@ def test_docs_use_the_go_projects_address() -> None:
         assert "-n keda-gpu-scaler " not in text, path.name
     for path in (ROOT / "README.md", GETTING_STARTED, MIGRATION):
         assert "keda-gpu-scaler.keda.svc.cluster.local:6000" in texts[path], path.name
+
+
+def section(text: str, title: str) -> str:
+    """From the heading ``title`` to the next heading of its level."""
+    level = title.split(" ")[0] + " "
+    start = text.index(title + "\n")
+    following = [m.start() for m in re.finditer(f"^{level}", text, re.MULTILINE)]
+    return text[start : min([i for i in following if i > start], default=len(text))]
+
+
+def test_operations_says_what_pod_attribution_needs() -> None:
+    text = " ".join(section(OPERATIONS.read_text(), POD_ATTRIBUTION).split())
+    values = yaml.safe_load((CHART / "values.yaml").read_text())
+    for key in values["podAttribution"]:
+        assert f"`podAttribution.{key}" in text, key
+    assert "rbac.create" in text
+    assert f"`{values['podAttribution']['socketDir']}`" in text
+    variables = {f.variable for f in SERVE_FLAGS}
+    for variable in (
+        "KEDA_GPU_SCALER_POD_RESOURCES_SOCKET",
+        "KEDA_GPU_SCALER_POD_RESOURCES_INTERVAL",
+        "KEDA_GPU_SCALER_GPU_RESOURCE_NAMES",
+        "NODE_NAME",
+    ):
+        assert variable in variables, variable  # a variable `serve` reads
+        assert f"`{variable}" in text, variable
+    for words in (
+        "--set podAttribution.enabled=false",
+        "kubectl apply -k k8s/overlays/no-pod-attribution",
+        "`get`, `list` and `watch` on `pods`",
+        "CAP_DAC_OVERRIDE",
+        "`hostUsers: false`",
+        "`fsGroup`",
+        "`privileged`-level pods",
+    ):
+        assert words in text, words
+
+
+def test_operations_lists_the_kubelet_roots_the_chart_names() -> None:
+    """Every socket directory the docs and the values' comment give passes the schema, and
+    the two give the same ones."""
+    text = section(OPERATIONS.read_text(), POD_ATTRIBUTION)
+    schema = json.loads((CHART / "values.schema.json").read_text())
+    pattern = schema["properties"]["podAttribution"]["properties"]["socketDir"]["pattern"]
+    documented = set(re.findall(r"`(/[^`\s]*/pod-resources)`", text))
+    commented = set(re.findall(r"(/\S*/pod-resources)\b", (CHART / "values.yaml").read_text()))
+    assert len(documented) >= 3
+    assert documented == commented
+    for directory in documented:
+        assert re.fullmatch(pattern, directory), directory
