@@ -27,6 +27,13 @@ SERVE_FLAGS = {
     "--health-check-interval": ("HEALTH_CHECK_INTERVAL", "3", "health_check_interval", 3.0),
     "--max-concurrent-streams": ("MAX_CONCURRENT_STREAMS", "2000", "max_concurrent_streams", 2000),
     "--log-level": ("LOG_LEVEL", "debug", "log_level", "debug"),
+    "--pod-resources-socket": (
+        "POD_RESOURCES_SOCKET",
+        "/run/k.sock",
+        "pod_resources_socket",
+        "/run/k.sock",
+    ),
+    "--pod-resources-interval": ("POD_RESOURCES_INTERVAL", "2", "pod_resources_interval", 2.0),
 }
 
 
@@ -49,7 +56,43 @@ def test_the_flag_table_covers_every_serve_flag() -> None:
         "--engine-interval",
         "--engine-idle-stop",
         "--engine-allowed-networks",
+        "--gpu-resource-names",
+        "--node-name",
     }
+
+
+def test_attribution_flags_and_their_variables(monkeypatch: pytest.MonkeyPatch) -> None:
+    args = build_parser().parse_args(["serve"])
+    assert args.pod_resources_socket == "/var/lib/kubelet/pod-resources/kubelet.sock"
+    assert str(args.gpu_resource_names) == "nvidia.com/gpu,nvidia.com/mig-*"
+    assert args.node_name == ""
+    # The node name comes from NODE_NAME, as the Downward API sets it.
+    monkeypatch.setenv("NODE_NAME", "gpu-node-7")
+    monkeypatch.setenv("KEDA_GPU_SCALER_GPU_RESOURCE_NAMES", "nvidia.com/gpu.shared, amd.com/*")
+    monkeypatch.setenv("KEDA_GPU_SCALER_POD_RESOURCES_SOCKET", "")
+    args = build_parser().parse_args(["serve"])
+    assert args.node_name == "gpu-node-7"
+    assert str(args.gpu_resource_names) == "nvidia.com/gpu.shared,amd.com/*"
+    assert args.gpu_resource_names.matches("amd.com/gpu")
+    assert args.pod_resources_socket == ""
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--gpu-resource-names", "nvidia.com/gpu,,x"], "--gpu-resource-names"),
+        (["--gpu-resource-names", "*"], "--gpu-resource-names"),
+        (["--node-name", "Bad_Node"], "not a node name"),
+        (["--pod-resources-interval", "0"], "--pod-resources-interval"),
+    ],
+)
+def test_bad_attribution_flags_are_usage_errors(
+    argv: list[str], message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as exited:
+        build_parser().parse_args(["serve", *argv])
+    assert exited.value.code == 2
+    assert message in capsys.readouterr().err
 
 
 def test_kubernetes_service_link_variables_are_not_taken_for_flags(

@@ -267,7 +267,7 @@ def assert_attribution_on(docs: tuple[Obj, ...]) -> None:
 
 
 def assert_attribution_off(docs: tuple[Obj, ...]) -> None:
-    """The locked-down pod: uid 65532, no hostPath, no token, no node name, no RBAC."""
+    """The locked-down pod: uid 65532, no hostPath, no token, no socket, no RBAC."""
     pod = daemonset_of(docs)["spec"]["template"]["spec"]
     c = container_of(docs)
     env = env_of(docs)
@@ -276,8 +276,13 @@ def assert_attribution_off(docs: tuple[Obj, ...]) -> None:
     assert pod["securityContext"]["runAsNonRoot"] is True
     assert c["securityContext"]["runAsNonRoot"] is True
     assert pod["automountServiceAccountToken"] is False
-    # An empty node name turns the pod watch off; nothing else would stop it.
-    assert env["NODE_NAME"] == {"name": "NODE_NAME", "value": ""}
+    # An empty socket turns attribution off, and the pod watch with it; the node name stays
+    # for gpu-metrics.
+    assert env["KEDA_GPU_SCALER_POD_RESOURCES_SOCKET"] == {
+        "name": "KEDA_GPU_SCALER_POD_RESOURCES_SOCKET",
+        "value": "",
+    }
+    assert env["NODE_NAME"]["valueFrom"] == {"fieldRef": {"fieldPath": "spec.nodeName"}}
     assert "KEDA_GPU_SCALER_POD_RESOURCES_INTERVAL" not in env
     assert "KEDA_GPU_SCALER_GPU_RESOURCE_NAMES" not in env
     assert [d["kind"] for d in docs if d["kind"] in CLUSTER_SCOPED] == []
@@ -336,10 +341,11 @@ def assert_serve_flags(docs: tuple[Obj, ...], monkeypatch: pytest.MonkeyPatch) -
     ports = {p["name"]: p["containerPort"] for p in c["ports"]}
     wanted = {"grpc": args.port, "metrics": args.metrics_port, "probes": args.probe_port}
     assert ports == {name: port for name, port in wanted.items() if port}
-    # Pod attribution is on with a socket and a node name, off without both.
+    # Pod attribution is on with a socket (the pod watch needs the node name too), off
+    # without; the node name is always there.
     socket = plain["KEDA_GPU_SCALER_POD_RESOURCES_SOCKET"]
     assert args.pod_resources_socket == socket
-    assert args.node_name == (DOWNWARD["spec.nodeName"] if socket else "")
+    assert args.node_name == DOWNWARD["spec.nodeName"]
     return args
 
 

@@ -10,6 +10,7 @@ try:
     import ipaddress
     import logging
     import os
+    import re
     import signal
     import sys
     from collections.abc import Callable, Sequence
@@ -66,6 +67,26 @@ def _optional_path(text: str) -> Path | None:
     return Path(text) if text else None
 
 
+def _resource_names(text: str) -> object:
+    from keda_gpu_scaler.sources.kubelet import ResourceNames
+
+    try:
+        return ResourceNames.parse(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _node_name(text: str) -> str:
+    name = text.strip()
+    if name and not _NODE_NAME.fullmatch(name):
+        raise argparse.ArgumentTypeError(f"not a node name: {text!r} (RFC 1123 subdomain)")
+    return name
+
+
+_NODE_NAME = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
+DEFAULT_POD_RESOURCES_SOCKET = "/var/lib/kubelet/pod-resources/kubelet.sock"
+
+
 @dataclass(frozen=True, slots=True)
 class Flag:
     """One ``serve`` flag, readable from ``KEDA_GPU_SCALER_<env>`` too."""
@@ -75,10 +96,12 @@ class Flag:
     default: str
     help: str
     parse: Callable[[str], Any] = str
+    prefixed: bool = True
+    """False for a variable Kubernetes conventions name (``NODE_NAME``)."""
 
     @property
     def variable(self) -> str:
-        return ENV_PREFIX + self.env
+        return ENV_PREFIX + self.env if self.prefixed else self.env
 
     @property
     def dest(self) -> str:
@@ -197,6 +220,37 @@ SERVE_FLAGS = (
         _networks,
     ),
     Flag(
+        "--pod-resources-socket",
+        "POD_RESOURCES_SOCKET",
+        DEFAULT_POD_RESOURCES_SOCKET,
+        "the kubelet PodResources socket, read to attribute GPUs to pods (podSelector); "
+        "empty turns attribution off",
+    ),
+    Flag(
+        "--pod-resources-interval",
+        "POD_RESOURCES_INTERVAL",
+        "5",
+        "seconds between reads of the PodResources socket (the kubelet rate-limits it)",
+        gocli.positive_duration,
+    ),
+    Flag(
+        "--gpu-resource-names",
+        "GPU_RESOURCE_NAMES",
+        "nvidia.com/gpu,nvidia.com/mig-*",
+        "comma-separated extended resource names that are GPUs; an entry ending in * is a prefix",
+        _resource_names,
+    ),
+    Flag(
+        "--node-name",
+        "NODE_NAME",
+        "",
+        "this node's name (the Downward API's spec.nodeName): the pods of this node are "
+        "watched for their labels (podSelector), with --pod-resources-socket; empty turns the "
+        "watch off",
+        _node_name,
+        prefixed=False,
+    ),
+    Flag(
         "--tls-cert", "TLS_CERT", "", "server certificate chain (PEM); enables TLS", _optional_path
     ),
     Flag(
@@ -299,7 +353,9 @@ async def _serve(args: argparse.Namespace) -> int:
     import anyio
 
     from keda_gpu_scaler.app.compose import (
+        AttributionOptions,
         EngineOptions,
+        build_attribution,
         build_source,
         freeze_startup_objects,
         open_scaler,
@@ -307,12 +363,21 @@ async def _serve(args: argparse.Namespace) -> int:
     from keda_gpu_scaler.sources.engines.http import ScrapePolicy
 
     source = build_source(args.source, interval_s=args.interval)
+    attribution = build_attribution(
+        AttributionOptions(
+            socket_path=args.pod_resources_socket,
+            interval_s=args.pod_resources_interval,
+            resource_names=args.gpu_resource_names,
+            node_name=args.node_name,
+        )
+    )
     tls = _tls(args)
     check_listen(named(args, "--host"), args.host, _listeners(args))
     with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
         async with (
             open_scaler(
                 source,
+                samplers=attribution,
                 host=args.host,
                 port=args.port,
                 max_concurrent_streams=args.max_concurrent_streams,

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
 from ssl import SSLContext
+from typing import TYPE_CHECKING
 
 import anyio
 import httpx
@@ -42,6 +43,9 @@ from keda_gpu_scaler.sources.engines.http import (
 from keda_gpu_scaler.sources.engines.sampler import DEFAULT_INTERVAL_S, EngineSampler
 from keda_gpu_scaler.sources.replay import ReplaySampler
 
+if TYPE_CHECKING:
+    from keda_gpu_scaler.sources.kubelet import ResourceNames
+
 log = logging.getLogger(__name__)
 
 SAMPLE_BUFFER = 1024
@@ -61,6 +65,42 @@ def build_source(spec: str, *, interval_s: float = 1.0) -> Sampler:
 
         return open_nvml_sampler(interval_s=interval_s)
     raise SourceUnavailable(f'unknown source "{spec}": use nvml, replay or replay:PATH')
+
+
+@dataclass(frozen=True, slots=True)
+class AttributionOptions:
+    """Which pod holds which GPU: the kubelet socket (empty: off) and this node's name for
+    the pod watch (empty: off)."""
+
+    socket_path: str = ""
+    interval_s: float = 5.0
+    resource_names: ResourceNames | None = None
+    """None: ``nvidia.com/gpu`` and ``nvidia.com/mig-*``."""
+    node_name: str = ""
+    kubeconfig: str | None = None
+    """None: ``KUBECONFIG`` or the in-cluster service account."""
+
+
+def build_attribution(options: AttributionOptions) -> list[Sampler]:
+    """The PodResources sampler and the pod watch, each when configured (each loads its
+    client, grpclib or kr8s, only then)."""
+    samplers: list[Sampler] = []
+    if options.socket_path:
+        from keda_gpu_scaler.sources.kubelet import DEFAULT_RESOURCE_NAMES, PodResourcesSampler
+
+        names = options.resource_names or DEFAULT_RESOURCE_NAMES
+        samplers.append(
+            PodResourcesSampler(
+                options.socket_path, interval_s=options.interval_s, resource_names=names
+            )
+        )
+    # The pods' labels serve attribution only: a node name alone (gpu-metrics, a pod with
+    # attribution off keeps NODE_NAME for its name) watches nothing.
+    if options.node_name and options.socket_path:
+        from keda_gpu_scaler.sources.kube import PodWatcher
+
+        samplers.append(PodWatcher(options.node_name, kubeconfig=options.kubeconfig))
+    return samplers
 
 
 @dataclass(frozen=True, slots=True)
@@ -117,15 +157,21 @@ class RunningPipeline:
 
 @asynccontextmanager
 async def open_pipeline(
-    source: Sampler, *, hub: SnapshotHub | None = None, observers: Sequence[FoldObserver] = ()
+    source: Sampler,
+    *,
+    hub: SnapshotHub | None = None,
+    observers: Sequence[FoldObserver] = (),
+    samplers: Sequence[Sampler] = (),
 ) -> AsyncIterator[RunningPipeline]:
-    """A supervised source feeding the aggregator; everything stops on exit."""
+    """A supervised source, and ``samplers`` beside it (attribution, pod labels), feeding
+    the aggregator; everything stops on exit."""
     hub = hub or SnapshotHub()
     send, receive = anyio.create_memory_object_stream[Sample](SAMPLE_BUFFER)
     aggregator = Aggregator(receive, hub, observers=observers)
     async with anyio.create_task_group() as tg, send:
         await tg.start(aggregator.run)
-        tg.start_soon(_supervised, source, send.clone())
+        for sampler in (source, *samplers):
+            tg.start_soon(_supervised, sampler, send.clone())
         try:
             yield RunningPipeline(hub, aggregator, source, send)
         finally:
@@ -144,6 +190,7 @@ async def open_scaler(
     probe_port: int | None = None,
     health_check_interval_s: float = 10.0,
     engine_options: EngineOptions | None = None,
+    samplers: Sequence[Sampler] = (),
 ) -> AsyncIterator[RunningScaler]:
     """Start the pipeline, the gRPC server (with gRPC health) and the HTTP endpoints.
 
@@ -156,7 +203,7 @@ async def open_scaler(
     metrics = SelfMetrics(tap)
     async with (
         engine.client() as http_client,
-        open_pipeline(source, hub=hub, observers=[tap, metrics]) as pipeline,
+        open_pipeline(source, hub=hub, observers=[tap, metrics], samplers=samplers) as pipeline,
         anyio.create_task_group() as background,
     ):
         scraper = EngineScraper(http_client, policy=engine.policy, resolve=engine.resolve)
