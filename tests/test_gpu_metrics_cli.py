@@ -9,10 +9,13 @@ import os
 import signal
 import subprocess
 import sys
+from functools import partial
+from pathlib import Path
 
+import anyio
 import pytest
 
-from keda_gpu_scaler.app.gpu_metrics import FIELDS, render_table
+from keda_gpu_scaler.app.gpu_metrics import ATTRIBUTION_FIELDS, FIELDS, render_table
 
 pytestmark = pytest.mark.slow
 
@@ -159,3 +162,71 @@ def test_docs_list_every_field() -> None:
     doc = (Path(__file__).resolve().parent.parent / "docs" / "gpu-metrics.md").read_text()
     for field in FIELDS:
         assert f"| `{field}` |" in doc, field
+
+
+UUID = "GPU-4f60bdab-7290-5bab-ee63-d697ab1e6349"
+
+
+@pytest.mark.anyio
+async def test_attribution_adds_namespace_pod_and_container_in_every_format(
+    tmp_path: Path,
+) -> None:
+    from tests.fake_kubelet import container, fake_kubelet, gpus, pod, replicas
+
+    async with fake_kubelet(tmp_path) as kubelet:
+        kubelet.set_pods(
+            [
+                pod(
+                    "serve",
+                    "vllm-a",
+                    containers=[container("engine", devices=[gpus(*replicas(UUID, 0))])],
+                ),
+                pod(
+                    "lab",
+                    "notebook",
+                    containers=[container("nb", devices=[gpus(*replicas(UUID, 1))])],
+                ),
+            ]
+        )
+        socket = ["--pod-resources-socket", kubelet.socket_path]
+        outputs = {}
+        for fmt in ("json", "jsonl", "csv", "table"):
+            argv = ("--source", "replay", "--format", fmt, *socket)
+            result = await anyio.to_thread.run_sync(partial(_run, *argv))
+            assert result.returncode == 0, result.stderr
+            outputs[fmt] = result.stdout
+    (row,) = json.loads(outputs["json"])["devices"]
+    assert tuple(row) == FIELDS + ATTRIBUTION_FIELDS
+    # One device shared by two pods (time-slicing replicas): both named, in the kubelet's order.
+    assert (row["namespace"], row["pod"], row["container"]) == (
+        "lab,serve",
+        "notebook,vllm-a",
+        "nb,engine",
+    )
+    assert json.loads(outputs["jsonl"])["pod"] == "notebook,vllm-a"
+    (csv_row,) = csv.DictReader(io.StringIO(outputs["csv"]))
+    assert csv_row["container"] == "nb,engine"
+    header, line = outputs["table"].splitlines()
+    assert header.split()[-3:] == ["NAMESPACE", "POD", "CONTAINER"]
+    assert line.split()[-3:] == ["lab,serve", "notebook,vllm-a", "nb,engine"]
+
+
+def test_without_a_socket_there_are_no_attribution_columns(tmp_path: Path) -> None:
+    result = _run("--source", "replay", "--format", "json", "--pod-resources-socket", "")
+    assert result.returncode == 0, result.stderr
+    (row,) = json.loads(result.stdout)["devices"]
+    assert tuple(row) == FIELDS
+
+
+def test_a_socket_that_does_not_answer_shows_the_gpus_without_attribution(tmp_path: Path) -> None:
+    missing = str(tmp_path / "kubelet.sock")
+    result = _run("--source", "replay", "--format", "json", "--pod-resources-socket", missing)
+    assert result.returncode == 0, result.stderr
+    (row,) = json.loads(result.stdout)["devices"]
+    assert tuple(row) == FIELDS
+
+
+def test_bad_gpu_resource_names_are_a_usage_error() -> None:
+    result = _run("--source", "replay", "--gpu-resource-names", "nvidia.com/gpu,,")
+    assert result.returncode == 2
+    assert "--gpu-resource-names" in result.stderr

@@ -34,7 +34,9 @@ try:
         gpu_scope,
         parse_device_list,
     )
+    from keda_gpu_scaler.domain.attribution import attribute
     from keda_gpu_scaler.domain.catalog import CATALOG, Origin
+    from keda_gpu_scaler.domain.samples import DeviceHolder
     from keda_gpu_scaler.domain.snapshot import DeviceState, Snapshot
 
     if TYPE_CHECKING:
@@ -58,7 +60,13 @@ FIELDS = (
     *(info.type.value for info in GPU_METRICS),
     "memory_total_mib",
 )
+ATTRIBUTION_FIELDS = ("namespace", "pod", "container")
+"""Added to every record when the kubelet PodResources socket answered: who holds the
+device (comma-separated when several pods share it; null when nobody does)."""
 FIRST_READING_TIMEOUT_S = 10.0
+ATTRIBUTION_TIMEOUT_S = 3.0
+"""How long to wait for the kubelet's first answer before showing the GPUs without it."""
+DEFAULT_POD_RESOURCES_SOCKET = "/var/lib/kubelet/pod-resources/kubelet.sock"
 _ENCODER = msgspec.json.Encoder()
 
 
@@ -72,10 +80,22 @@ class Plan(msgspec.Struct, frozen=True):
     count: int | None
     environment: Environment
     devices: DeviceFilter
+    pod_resources_socket: str = ""
+    """Read for the namespace, pod and container of each device; empty: not read."""
+    gpu_resource_names: str = "nvidia.com/gpu,nvidia.com/mig-*"
 
 
-def record(device: DeviceState, now: float, *, node: str, stamp: str) -> dict[str, Any]:
-    """One device as a flat dict with the documented keys; absent readings are null."""
+def record(
+    device: DeviceState,
+    now: float,
+    *,
+    node: str,
+    stamp: str,
+    holders: Sequence[DeviceHolder] | None = None,
+) -> dict[str, Any]:
+    """One device as a flat dict with the documented keys; absent readings are null.
+
+    ``holders`` (None: attribution unavailable) adds namespace, pod and container."""
     reading = device.reading
     status = "lost" if device.is_lost() else "stale" if device.is_stale(now) else "ok"
     row: dict[str, Any] = {
@@ -91,6 +111,10 @@ def record(device: DeviceState, now: float, *, node: str, stamp: str) -> dict[st
         row[info.type.value] = None if reading is None or info.read is None else info.read(reading)
     total = reading.memory_total_bytes if reading else None
     row["memory_total_mib"] = None if total is None else total // (1 << 20)
+    if holders is not None:
+        row["namespace"] = ",".join(h.namespace for h in holders) or None
+        row["pod"] = ",".join(h.pod for h in holders) or None
+        row["container"] = ",".join(h.container for h in holders) or None
     return row
 
 
@@ -101,10 +125,11 @@ def _cell(value: Any, digits: int = 0) -> str:
 
 
 _HEADER = ("GPU", "NAME", "UTIL%", "SM%", "MEM MiB", "MEM%", "TEMP C", "POWER W", "STATUS")
+_POD_HEADER = ("NAMESPACE", "POD", "CONTAINER")
 # Wide enough for every usual value ("7:14", "100.0", "1000.0", "stale"), so that a live
 # table does not shift as the readings change; NAME and MEM MiB are constant per GPU.
-_MIN_WIDTHS = (4, 0, 5, 5, 0, 5, 6, 7, 6)
-_LEFT = frozenset({1, 8})
+_MIN_WIDTHS = (4, 0, 5, 5, 0, 5, 6, 7, 6, 0, 0, 0)
+_LEFT = frozenset({1, 8, 9, 10, 11})
 
 
 def _label(row: dict[str, Any]) -> str:
@@ -118,7 +143,19 @@ def _memory(row: dict[str, Any]) -> str:
     return f"{_cell(row['memory_used_mib']):>{len(total)}}/{total}"
 
 
+def _attributed(rows: list[dict[str, Any]]) -> bool:
+    return any("pod" in r for r in rows)
+
+
 def _table_lines(rows: list[dict[str, Any]]) -> list[tuple[str, ...]]:
+    if _attributed(rows):
+        plain = _table_lines(
+            [{k: v for k, v in r.items() if k not in ATTRIBUTION_FIELDS} for r in rows]
+        )
+        pods = [tuple(_cell(r.get(f)) for f in ATTRIBUTION_FIELDS) for r in rows]
+        return [plain[0] + _POD_HEADER] + [
+            line + extra for line, extra in zip(plain[1:], pods, strict=True)
+        ]
     return [_HEADER] + [
         (
             _label(r),
@@ -138,10 +175,11 @@ def _table_lines(rows: list[dict[str, Any]]) -> list[tuple[str, ...]]:
 def column_widths(rows: list[dict[str, Any]], *, at_least: Sequence[int] = ()) -> list[int]:
     """The width of each table column: its widest cell, and never less than ``at_least``."""
     lines = _table_lines(rows)
-    floor = list(at_least) or [0] * len(_HEADER)
+    columns = len(lines[0])
+    floor = list(at_least)[:columns]
+    floor += [0] * (columns - len(floor))
     return [
-        max(floor[i], _MIN_WIDTHS[i], *(len(line[i]) for line in lines))
-        for i in range(len(_HEADER))
+        max(floor[i], _MIN_WIDTHS[i], *(len(line[i]) for line in lines)) for i in range(columns)
     ]
 
 
@@ -208,7 +246,8 @@ class Printer:
 
     def _csv(self, rows: list[dict[str, Any]]) -> str:
         buffer = io.StringIO()
-        writer = csv.DictWriter(buffer, fieldnames=FIELDS, lineterminator="\n")
+        fields = FIELDS + ATTRIBUTION_FIELDS if _attributed(rows) else FIELDS
+        writer = csv.DictWriter(buffer, fieldnames=fields, lineterminator="\n")
         if not self._header_done:
             writer.writeheader()
             self._header_done = True
@@ -218,8 +257,15 @@ class Printer:
 
 def _rows(snapshot: Snapshot, plan: Plan, now: float) -> list[dict[str, Any]]:
     stamp = datetime.now(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+    joined = attribute(snapshot)
     return [
-        record(d, now, node=plan.environment.node, stamp=stamp)
+        record(
+            d,
+            now,
+            node=plan.environment.node,
+            stamp=stamp,
+            holders=None if joined is None else joined.holders(d.key),
+        )
         for d in snapshot.ordered_devices()
         if plan.devices.allows(d.index, d.key, _instance(d))
     ]
@@ -238,14 +284,25 @@ def _check_scope(snapshot: Snapshot, scope: DeviceFilter) -> None:
 
 
 async def _show(plan: Plan, source: Sampler, printer: Printer) -> None:
-    from keda_gpu_scaler.app.compose import open_pipeline
+    from keda_gpu_scaler.app.compose import AttributionOptions, build_attribution, open_pipeline
+    from keda_gpu_scaler.sources.kubelet import ResourceNames
 
-    async with open_pipeline(source) as pipeline:
+    samplers = build_attribution(
+        AttributionOptions(
+            socket_path=plan.pod_resources_socket,
+            resource_names=ResourceNames.parse(plan.gpu_resource_names),
+        )
+    )
+    async with open_pipeline(source, samplers=samplers) as pipeline:
         with anyio.fail_after(FIRST_READING_TIMEOUT_S):
             first = await pipeline.hub.wait_newer(0)
             # GPM metrics are computed between two samples and PCIe is read beside the
             # cycle: the first cycle lacks them, so show the second.
             await pipeline.hub.wait_newer(first.version)
+        if samplers:
+            with anyio.move_on_after(ATTRIBUTION_TIMEOUT_S):
+                while pipeline.hub.current.attribution is None:
+                    await pipeline.hub.wait_newer(pipeline.hub.current.version)
         _check_scope(pipeline.hub.current, plan.devices)
         if plan.interval_s is None:
             printer.emit(_rows(pipeline.hub.current, plan, anyio.current_time()), continuous=False)
@@ -318,6 +375,19 @@ def build_parser() -> argparse.ArgumentParser:
         help="nvml (default), replay or replay:PATH",
     )
     parser.add_argument(
+        "--pod-resources-socket",
+        default=os.environ.get("KEDA_GPU_SCALER_POD_RESOURCES_SOCKET"),
+        help="kubelet PodResources socket, read for the namespace, pod and container of each "
+        f"GPU; empty: not read (default: {DEFAULT_POD_RESOURCES_SOCKET} when it exists)",
+    )
+    parser.add_argument(
+        "--gpu-resource-names",
+        default=os.environ.get(
+            "KEDA_GPU_SCALER_GPU_RESOURCE_NAMES", "nvidia.com/gpu,nvidia.com/mig-*"
+        ),
+        help="comma-separated resource names that are GPUs; an entry ending in * is a prefix",
+    )
+    parser.add_argument(
         "--dry-run",
         action="store_true",
         help="print the resolved plan as JSON without reading any GPU",
@@ -330,8 +400,21 @@ def make_plan(args: argparse.Namespace, env: dict[str, str]) -> Plan:
     devices = parse_device_list(device, origin="--device") if device is not None else gpu_scope(env)
     repeats = args.watch or args.count is not None
     interval = args.interval if args.interval is not None else (1.0 if repeats else None)
+    socket = args.pod_resources_socket
+    if socket is None:
+        socket = (
+            DEFAULT_POD_RESOURCES_SOCKET if os.path.exists(DEFAULT_POD_RESOURCES_SOCKET) else ""
+        )
     return Plan(
-        args.source, args.format, interval, args.watch, args.count, detect_environment(env), devices
+        args.source,
+        args.format,
+        interval,
+        args.watch,
+        args.count,
+        detect_environment(env),
+        devices,
+        pod_resources_socket=socket,
+        gpu_resource_names=args.gpu_resource_names,
     )
 
 
@@ -345,6 +428,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.watch and args.format != "table":
         parser.error("--watch shows a table; use --interval with other formats")
+    from keda_gpu_scaler.sources.kubelet import ResourceNames
+
+    try:
+        ResourceNames.parse(args.gpu_resource_names)
+    except ValueError as exc:
+        parser.error(f"argument --gpu-resource-names: {exc}")
     try:
         plan = make_plan(args, dict(os.environ))
     except ScopeError as exc:
