@@ -1,0 +1,716 @@
+"""A fake Kubernetes API server for tests: pods, list and watch, on 127.0.0.1.
+
+It speaks the wire format a real API server does, over real HTTP/1.1 (h11 on anyio), so
+the code under test runs its real client stack (kr8s, httpx) through a kubeconfig that
+:func:`write_kubeconfig` writes::
+
+    async with open_fake_kube_api() as api:
+        api.add_pod("ml", "vllm-0", node="node-a", labels={"app": "vllm"})
+        kubeconfig = write_kubeconfig(tmp_path / "kubeconfig", api.url)
+        ...  # a client lists and watches /api/v1/pods
+        api.update_pod("ml", "vllm-0", labels={"app": "vllm", "tier": "gold"})
+        await api.wait_until(lambda: ...)
+
+What it models:
+
+- Pods, with one resourceVersion counter bumped on every change (as etcd's revision).
+  A list (``GET /api/v1/pods``, ``fieldSelector=spec.nodeName=...``, ``limit`` and
+  ``continue``) answers a ``PodList`` with ``metadata.resourceVersion``.
+- ``?watch=true`` streams one JSON event per line (chunked): the changes after the
+  ``resourceVersion`` asked for are replayed from history, then live ones follow, as an
+  API server's watch cache does, so a client that resumes misses nothing. A pod that
+  leaves or joins the selected node shows as DELETED or ADDED. ``timeoutSeconds`` ends the
+  watch cleanly. :meth:`FakeKubeApi.compact` forgets history: a watch from before it is
+  answered 410 Gone (an HTTP status, or an ERROR event with ``too_old="event"``).
+- Scripts: :meth:`~FakeKubeApi.bookmark`, :meth:`~FakeKubeApi.send_error`,
+  :meth:`~FakeKubeApi.end_watches`, :meth:`~FakeKubeApi.drop_connections`,
+  :meth:`~FakeKubeApi.fail` (an error status for the next requests), a bearer token that
+  must be sent, :meth:`~FakeKubeApi.take_down` / :meth:`~FakeKubeApi.bring_up` (nothing
+  listens on the port meanwhile) and :meth:`~FakeKubeApi.hang` (connections accepted,
+  never answered).
+- What kr8s asks when it starts: ``/version`` (a supported version, or kr8s warns), and
+  minimal discovery (``/api``, ``/api/v1``, ``/apis``).
+
+Every request is recorded (:attr:`FakeKubeApi.requests`: method, path, query, the
+Authorization header) so tests can tell a resumed watch from a relist.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import math
+from collections.abc import AsyncIterator, Callable, Mapping
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from http import HTTPStatus
+from pathlib import Path
+from typing import Any, Literal
+from urllib.parse import parse_qsl, urlsplit
+
+import anyio
+import h11
+import yaml
+from anyio.abc import SocketAttribute, SocketStream, TaskGroup
+from anyio.lowlevel import checkpoint
+from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
+
+Json = dict[str, Any]
+Target = Literal["list", "watch", "pods", "version"]
+"""What a scripted failure applies to: pod lists, pod watches, both, or ``/version``."""
+
+PODS_PATH = "/api/v1/pods"
+_REASONS = {
+    400: "BadRequest",
+    401: "Unauthorized",
+    403: "Forbidden",
+    404: "NotFound",
+    410: "Expired",
+    429: "TooManyRequests",
+    500: "InternalError",
+    503: "ServiceUnavailable",
+}
+
+
+@dataclass(frozen=True, slots=True)
+class RecordedRequest:
+    method: str
+    path: str
+    query: Mapping[str, str]
+    authorization: str | None
+
+    def is_pods(self) -> bool:
+        return self.path == PODS_PATH
+
+    def is_watch(self) -> bool:
+        return self.is_pods() and self.query.get("watch") == "true"
+
+    def is_list(self) -> bool:
+        return self.is_pods() and not self.is_watch()
+
+
+@dataclass(slots=True)
+class _Failure:
+    status: int
+    message: str
+    on: Target
+    remaining: float
+
+    def applies(self, request: RecordedRequest) -> bool:
+        return _applies(self.on, request)
+
+
+def _applies(on: Target, request: RecordedRequest) -> bool:
+    if on == "version":
+        return request.path == "/version"
+    if on == "list":
+        return request.is_list()
+    if on == "watch":
+        return request.is_watch()
+    return request.is_pods()
+
+
+@dataclass(frozen=True, slots=True)
+class _Change:
+    resource_version: int
+    before: Json | None
+    after: Json | None
+
+
+class _End:
+    """Ends a watch cleanly (the terminating chunk), as ``timeoutSeconds`` does."""
+
+
+_END = _End()
+
+
+@dataclass(eq=False, slots=True)
+class _Watch:
+    node: str | None
+    send: MemoryObjectSendStream[bytes | _End]
+    receive: MemoryObjectReceiveStream[bytes | _End]
+
+
+@dataclass(slots=True)
+class _Pending:
+    request: h11.Request | None = None
+    body: bytearray = field(default_factory=bytearray)
+
+
+class FakeKubeApi:
+    """The server's state and scripts; run it with :func:`open_fake_kube_api`."""
+
+    def __init__(
+        self,
+        *,
+        token: str | None = None,
+        git_version: str = "v1.34.2",
+        too_old: Literal["status", "event"] = "status",
+        first_resource_version: int = 100,
+    ) -> None:
+        self.token = token
+        """When set, a request without ``Authorization: Bearer <token>`` is answered 401."""
+        self.git_version = git_version
+        self.too_old = too_old
+        self.requests: list[RecordedRequest] = []
+        self._rv = first_resource_version
+        self._oldest = first_resource_version
+        self._pods: dict[tuple[str, str], Json] = {}
+        self._history: list[_Change] = []
+        self._list_snapshots: dict[int, list[Json]] = {}
+        self._watches: set[_Watch] = set()
+        self._failures: list[_Failure] = []
+        self._connections: set[anyio.CancelScope] = set()
+        self._hanging = False
+        self._hang_on: Target | None = None
+        self._uids = 0
+        self._port = 0
+        self._task_group: TaskGroup | None = None
+        self._listening: anyio.CancelScope | None = None
+        self._changed = anyio.Event()
+
+    # -- where and what ----------------------------------------------------------------
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self._port}"
+
+    @property
+    def resource_version(self) -> str:
+        """The current resourceVersion (of the last change)."""
+        return str(self._rv)
+
+    @property
+    def open_watches(self) -> int:
+        return len(self._watches)
+
+    @property
+    def open_connections(self) -> int:
+        return len(self._connections)
+
+    def pod_requests(self) -> list[RecordedRequest]:
+        return [r for r in self.requests if r.is_pods()]
+
+    def lists(self) -> list[RecordedRequest]:
+        return [r for r in self.requests if r.is_list()]
+
+    def watches(self) -> list[RecordedRequest]:
+        return [r for r in self.requests if r.is_watch()]
+
+    async def wait_until(self, condition: Callable[[], bool]) -> None:
+        """Until ``condition()`` holds, checked after every request, watch and change (bound
+        the wait with the test's own ``anyio.fail_after``)."""
+        while not condition():
+            await self._changed.wait()
+
+    # -- pods --------------------------------------------------------------------------
+
+    def add_pod(
+        self,
+        namespace: str,
+        name: str,
+        *,
+        node: str | None,
+        labels: Mapping[str, str] | None = None,
+        phase: str = "Running",
+        uid: str | None = None,
+    ) -> Json:
+        """A new pod (``node`` None: not scheduled yet); returns it as the API shows it."""
+        key = (namespace, name)
+        if key in self._pods:
+            raise ValueError(f"pod {namespace}/{name} exists already")
+        self._uids += 1
+        pod: Json = {
+            "kind": "Pod",
+            "apiVersion": "v1",
+            "metadata": {
+                "name": name,
+                "namespace": namespace,
+                "uid": uid or f"00000000-0000-4000-8000-{self._uids:012d}",
+                "creationTimestamp": "2026-01-01T00:00:00Z",
+                **({"labels": dict(labels)} if labels else {}),
+            },
+            "spec": {
+                "containers": [{"name": "main", "image": "registry.example/app:1"}],
+                **({"nodeName": node} if node is not None else {}),
+            },
+            "status": {"phase": phase},
+        }
+        return self._commit(None, pod)
+
+    def update_pod(
+        self,
+        namespace: str,
+        name: str,
+        *,
+        labels: Mapping[str, str] | None = None,
+        phase: str | None = None,
+        node: str | None = None,
+    ) -> Json:
+        """Change a pod's labels (replaced whole), phase or node; others stay."""
+        before = self._pod(namespace, name)
+        after = json.loads(json.dumps(before))
+        if labels is not None:
+            after["metadata"]["labels"] = dict(labels)
+        if phase is not None:
+            after["status"]["phase"] = phase
+        if node is not None:
+            after["spec"]["nodeName"] = node
+        return self._commit(before, after)
+
+    def touch_pod(self, namespace: str, name: str) -> Json:
+        """A change nobody here reads (a status condition): only the resourceVersion moves."""
+        before = self._pod(namespace, name)
+        after = json.loads(json.dumps(before))
+        after["status"].setdefault("conditions", []).append({"type": "Ready", "status": "True"})
+        return self._commit(before, after)
+
+    def delete_pod(self, namespace: str, name: str) -> None:
+        self._commit(self._pod(namespace, name), None)
+
+    def compact(self) -> None:
+        """Forget the history (etcd compaction): watches and list pages from before now are
+        answered 410 Gone."""
+        self._oldest = self._rv
+        self._history.clear()
+        self._list_snapshots.clear()
+
+    # -- scripts for open watches and requests -----------------------------------------
+
+    def bookmark(self) -> None:
+        """Send every open watch a BOOKMARK at the current resourceVersion."""
+        progress = {"kind": "Pod", "apiVersion": "v1", "metadata": _bookmark_meta(self._rv)}
+        self._to_watches(lambda _: _line("BOOKMARK", progress))
+
+    def send_error(self, code: int = 410, message: str | None = None) -> None:
+        """Send every open watch an ERROR event with a Status, then end it."""
+        text = message or f"too old resource version: {self._oldest - 1} ({self._rv})"
+        status = _status(code, text)
+        self._to_watches(lambda _: _line("ERROR", status))
+        self.end_watches()
+
+    def send_raw(self, data: bytes) -> None:
+        """Send every open watch ``data`` as it is (bad JSON, say)."""
+        self._to_watches(lambda _: data)
+
+    def end_watches(self) -> None:
+        """End every open watch cleanly, as ``timeoutSeconds`` would."""
+        for watch in self._watches:
+            watch.send.send_nowait(_END)
+
+    def drop_connections(self) -> None:
+        """Close every connection at once, mid-stream, without a terminating chunk."""
+        for scope in self._connections:
+            scope.cancel()
+
+    def fail(
+        self,
+        status: int,
+        message: str | None = None,
+        *,
+        on: Target = "pods",
+        count: int | None = None,
+    ) -> None:
+        """Answer ``status`` with a Status object to the next ``count`` requests ``on``
+        (None: until :meth:`heal`)."""
+        text = message or f"the fake API answers {status}"
+        self._failures.append(_Failure(status, text, on, math.inf if count is None else count))
+
+    def heal(self) -> None:
+        """Forget every scripted failure and stop hanging."""
+        self._failures.clear()
+        self._hanging = False
+
+    def hang(self, *, on: Target | None = None) -> None:
+        """Accept connections and read requests (those ``on``, or all) but never answer
+        them, until :meth:`heal`."""
+        self._hanging = True
+        self._hang_on = on
+
+    async def take_down(self) -> None:
+        """Stop listening and drop every connection: connecting is refused."""
+        if self._listening is not None:
+            self._listening.cancel()
+            self._listening = None
+        self.drop_connections()
+        await checkpoint()
+
+    async def bring_up(self) -> None:
+        """Listen again on the same port."""
+        if self._listening is None:
+            await self._listen()
+
+    # -- serving -----------------------------------------------------------------------
+
+    async def _listen(self) -> None:
+        assert self._task_group is not None
+        listener = await anyio.create_tcp_listener(local_host="127.0.0.1", local_port=self._port)
+        self._port = listener.extra(SocketAttribute.local_port)
+        scope = anyio.CancelScope()
+        self._listening = scope
+        task_group = self._task_group
+
+        async def serve() -> None:
+            with scope:
+                async with listener:
+                    await listener.serve(self._connection, task_group=task_group)
+
+        task_group.start_soon(serve)
+
+    async def _connection(self, stream: SocketStream) -> None:
+        scope = anyio.CancelScope()
+        self._connections.add(scope)
+        try:
+            with scope:
+                async with stream:
+                    await self._exchanges(stream)
+        except (anyio.BrokenResourceError, h11.RemoteProtocolError, ConnectionError):
+            pass
+        finally:
+            self._connections.discard(scope)
+            self._notify()
+
+    async def _exchanges(self, stream: SocketStream) -> None:
+        conn = h11.Connection(h11.SERVER)
+        while True:
+            request = await _read_request(conn, stream)
+            if request is None:
+                return
+            recorded = self._record(request)
+            if self._hanging and (self._hang_on is None or _applies(self._hang_on, recorded)):
+                await anyio.sleep_forever()
+            await self._respond(conn, stream, recorded)
+            if conn.our_state is not h11.DONE or conn.their_state is not h11.DONE:
+                return
+            conn.start_next_cycle()
+
+    def _record(self, request: h11.Request) -> RecordedRequest:
+        target = urlsplit(request.target.decode())
+        headers = {name.decode().lower(): value.decode() for name, value in request.headers}
+        recorded = RecordedRequest(
+            method=request.method.decode(),
+            path=target.path.rstrip("/") or "/",
+            query=dict(parse_qsl(target.query, keep_blank_values=True)),
+            authorization=headers.get("authorization"),
+        )
+        self.requests.append(recorded)
+        self._notify()
+        return recorded
+
+    async def _respond(
+        self, conn: h11.Connection, stream: SocketStream, req: RecordedRequest
+    ) -> None:
+        if self.token is not None and req.authorization != f"Bearer {self.token}":
+            return await _send_json(conn, stream, 401, _status(401, "Unauthorized"))
+        for failure in self._failures:
+            if failure.remaining > 0 and failure.applies(req):
+                failure.remaining -= 1
+                status = _status(failure.status, failure.message)
+                return await _send_json(conn, stream, failure.status, status)
+        if req.method != "GET":
+            return await _send_json(conn, stream, 405, _status(405, "only GET here"))
+        if req.path == PODS_PATH:
+            if req.is_watch():
+                return await self._watch(conn, stream, req)
+            code, listed = self._list(req)
+            return await _send_json(conn, stream, code, listed)
+        found = self._discovery(req.path)
+        if found is None:
+            return await _send_json(conn, stream, 404, _status(404, f"{req.path} not found"))
+        return await _send_json(conn, stream, 200, found)
+
+    def _discovery(self, path: str) -> Json | None:
+        if path == "/version":
+            major, minor = self.git_version.lstrip("v").split(".")[:2]
+            return {
+                "major": major,
+                "minor": minor,
+                "gitVersion": self.git_version,
+                "gitCommit": "0" * 40,
+                "gitTreeState": "clean",
+                "buildDate": "2026-01-01T00:00:00Z",
+                "goVersion": "go1.24.0",
+                "compiler": "gc",
+                "platform": "linux/amd64",
+            }
+        if path == "/api":
+            return {
+                "kind": "APIVersions",
+                "versions": ["v1"],
+                "serverAddressByClientCIDRs": [
+                    {"clientCIDR": "0.0.0.0/0", "serverAddress": f"127.0.0.1:{self._port}"}
+                ],
+            }
+        if path == "/api/v1":
+            verbs = ["get", "list", "watch"]
+            pods = {"name": "pods", "singularName": "pod", "namespaced": True, "kind": "Pod"}
+            return {
+                "kind": "APIResourceList",
+                "groupVersion": "v1",
+                "resources": [{**pods, "verbs": verbs, "shortNames": ["po"]}],
+            }
+        if path == "/apis":
+            return {"kind": "APIGroupList", "apiVersion": "v1", "groups": []}
+        return None
+
+    def _list(self, req: RecordedRequest) -> tuple[int, Json]:
+        try:
+            node = _node_of(req.query.get("fieldSelector", ""))
+        except ValueError as exc:
+            return 400, _status(400, str(exc))
+        token = req.query.get("continue")
+        if token:
+            version, offset = _decode_token(token)
+            items = self._list_snapshots.get(version)
+            if items is None:
+                return 410, _status(410, "the provided continue parameter is too old")
+        else:
+            version, offset = self._rv, 0
+            items = [pod for _, pod in sorted(self._pods.items()) if _on_node(pod, node)]
+            items = json.loads(json.dumps(items))
+        limit = int(req.query.get("limit") or 0)
+        end = offset + limit if limit else len(items)
+        metadata: Json = {"resourceVersion": str(version)}
+        if end < len(items):
+            self._list_snapshots[version] = items
+            metadata["continue"] = _encode_token(version, end)
+            metadata["remainingItemCount"] = len(items) - end
+        page = {"kind": "PodList", "apiVersion": "v1", "metadata": metadata}
+        return 200, {**page, "items": items[offset:end]}
+
+    async def _watch(
+        self, conn: h11.Connection, stream: SocketStream, req: RecordedRequest
+    ) -> None:
+        try:
+            node = _node_of(req.query.get("fieldSelector", ""))
+        except ValueError as exc:
+            return await _send_json(conn, stream, 400, _status(400, str(exc)))
+        asked = req.query.get("resourceVersion", "")
+        start = int(asked) if asked not in ("", "0") else None
+        too_old = start is not None and start < self._oldest
+        if too_old and self.too_old == "status":
+            message = f"too old resource version: {start} ({self._oldest})"
+            return await _send_json(conn, stream, 410, _status(410, message))
+        # Replay and registration happen with no await between them: no change is missed.
+        backlog = self._backlog(start, node) if not too_old else []
+        if too_old:
+            backlog = [_line("ERROR", _status(410, f"too old resource version: {start}"))]
+        send, receive = anyio.create_memory_object_stream[bytes | _End](math.inf)
+        watch = _Watch(node, send, receive)
+        if too_old:
+            send.send_nowait(_END)
+        self._watches.add(watch)
+        self._notify()
+        timeout = float(req.query.get("timeoutSeconds") or math.inf)
+        try:
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(_end_on_hangup, conn, stream, tg.cancel_scope)
+                await _send(conn, stream, _chunked_ok())
+                for line in backlog:
+                    await _send(conn, stream, h11.Data(data=line))
+                with anyio.move_on_after(timeout):
+                    async for item in receive:
+                        if isinstance(item, _End):
+                            break
+                        await _send(conn, stream, h11.Data(data=item))
+                await _send(conn, stream, h11.EndOfMessage())
+                tg.cancel_scope.cancel()
+        finally:
+            self._watches.discard(watch)
+            send.close()
+            receive.close()
+            self._notify()
+
+    def _backlog(self, start: int | None, node: str | None) -> list[bytes]:
+        if start is None:
+            # No resourceVersion: the current state as ADDED events, as a real server does.
+            pods = [pod for _, pod in sorted(self._pods.items()) if _on_node(pod, node)]
+            return [_line("ADDED", pod) for pod in pods]
+        changes = (c for c in self._history if c.resource_version > start)
+        return [line for c in changes if (line := _render(c, node)) is not None]
+
+    # -- state -------------------------------------------------------------------------
+
+    def _pod(self, namespace: str, name: str) -> Json:
+        try:
+            return self._pods[(namespace, name)]
+        except KeyError:
+            raise ValueError(f"no pod {namespace}/{name}") from None
+
+    def _commit(self, before: Json | None, after: Json | None) -> Json:
+        self._rv += 1
+        if after is not None:
+            after["metadata"]["resourceVersion"] = str(self._rv)
+            self._pods[(after["metadata"]["namespace"], after["metadata"]["name"])] = after
+        elif before is not None:
+            del self._pods[(before["metadata"]["namespace"], before["metadata"]["name"])]
+        change = _Change(self._rv, before, after)
+        self._history.append(change)
+        self._to_watches(lambda node: _render(change, node))
+        self._notify()
+        result = after if after is not None else before
+        assert result is not None
+        return result
+
+    def _to_watches(self, line_for: Callable[[str | None], bytes | None]) -> None:
+        for watch in self._watches:
+            line = line_for(watch.node)
+            if line is not None:
+                watch.send.send_nowait(line)
+
+    def _notify(self) -> None:
+        self._changed.set()
+        self._changed = anyio.Event()
+
+
+@asynccontextmanager
+async def open_fake_kube_api(**options: Any) -> AsyncIterator[FakeKubeApi]:
+    """A :class:`FakeKubeApi` listening on 127.0.0.1 (an ephemeral port) until exit;
+    ``options`` are its keyword arguments."""
+    api = FakeKubeApi(**options)
+    async with anyio.create_task_group() as task_group:
+        api._task_group = task_group
+        await api._listen()
+        try:
+            yield api
+        finally:
+            task_group.cancel_scope.cancel()
+
+
+def write_kubeconfig(
+    path: Path,
+    server_url: str,
+    namespace: str = "default",
+    token: str = "fake-token",
+) -> Path:
+    """A kubeconfig at ``path`` whose one context reaches ``server_url`` with a bearer
+    ``token`` (kr8s speaks plain http to an ``http://`` server: no certificate needed)."""
+    config = {
+        "apiVersion": "v1",
+        "kind": "Config",
+        "clusters": [{"name": "fake", "cluster": {"server": server_url}}],
+        "users": [{"name": "fake", "user": {"token": token}}],
+        "contexts": [
+            {"name": "fake", "context": {"cluster": "fake", "user": "fake", "namespace": namespace}}
+        ],
+        "current-context": "fake",
+    }
+    path.write_text(yaml.safe_dump(config, sort_keys=False))
+    return path
+
+
+def _on_node(pod: Json | None, node: str | None) -> bool:
+    if pod is None:
+        return False
+    return node is None or pod["spec"].get("nodeName") == node
+
+
+def _render(change: _Change, node: str | None) -> bytes | None:
+    """The event a watch selecting ``node`` sees for ``change``, if any."""
+    was, now = _on_node(change.before, node), _on_node(change.after, node)
+    if was and now:
+        return _line("MODIFIED", change.after)
+    if now:
+        return _line("ADDED", change.after)
+    if was:
+        last = json.loads(json.dumps(change.before))
+        last["metadata"]["resourceVersion"] = str(change.resource_version)
+        return _line("DELETED", last)
+    return None
+
+
+def _node_of(selector: str) -> str | None:
+    """The node of ``spec.nodeName=<node>`` (the only field selector served here)."""
+    if not selector:
+        return None
+    field_name, sep, value = selector.partition("=")
+    if field_name != "spec.nodeName" or not sep or "," in value:
+        raise ValueError(f'field label not supported here: "{selector}"')
+    return value
+
+
+def _bookmark_meta(resource_version: int) -> Json:
+    return {
+        "resourceVersion": str(resource_version),
+        "annotations": {"k8s.io/initial-events-end": "true"},
+    }
+
+
+def _status(code: int, message: str) -> Json:
+    return {
+        "kind": "Status",
+        "apiVersion": "v1",
+        "metadata": {},
+        "status": "Failure",
+        "message": message,
+        "reason": _REASONS.get(code, "Unknown"),
+        "code": code,
+    }
+
+
+def _line(kind: str, obj: Json | None) -> bytes:
+    return json.dumps({"type": kind, "object": obj}, separators=(",", ":")).encode() + b"\n"
+
+
+def _encode_token(version: int, offset: int) -> str:
+    return base64.urlsafe_b64encode(json.dumps([version, offset]).encode()).decode()
+
+
+def _decode_token(token: str) -> tuple[int, int]:
+    version, offset = json.loads(base64.urlsafe_b64decode(token.encode()))
+    return int(version), int(offset)
+
+
+def _chunked_ok() -> h11.Response:
+    headers = [("Content-Type", "application/json"), ("Transfer-Encoding", "chunked")]
+    return h11.Response(status_code=200, headers=headers, reason=b"OK")
+
+
+async def _send_json(conn: h11.Connection, stream: SocketStream, status: int, body: Json) -> None:
+    data = json.dumps(body).encode()
+    headers = [("Content-Type", "application/json"), ("Content-Length", str(len(data)))]
+    response = h11.Response(status_code=status, headers=headers, reason=HTTPStatus(status).phrase)
+    await _send(conn, stream, response)
+    await _send(conn, stream, h11.Data(data=data))
+    await _send(conn, stream, h11.EndOfMessage())
+
+
+async def _send(conn: h11.Connection, stream: SocketStream, event: h11.Event) -> None:
+    data = conn.send(event)
+    if data:
+        await stream.send(data)
+
+
+async def _end_on_hangup(
+    conn: h11.Connection, stream: SocketStream, watch: anyio.CancelScope
+) -> None:
+    """While a watch streams, notice the client going away (as a server does, by reading):
+    bytes that come are kept for h11, the end of the stream ends the watch."""
+    while True:
+        try:
+            conn.receive_data(await stream.receive())
+        except (anyio.EndOfStream, anyio.BrokenResourceError):
+            conn.receive_data(b"")
+            watch.cancel()
+            return
+
+
+async def _read_request(conn: h11.Connection, stream: SocketStream) -> h11.Request | None:
+    """The next request, read to its end; None when the client closed the connection."""
+    pending = _Pending()
+    while True:
+        event = conn.next_event()
+        if event is h11.NEED_DATA:
+            try:
+                conn.receive_data(await stream.receive())
+            except anyio.EndOfStream:
+                conn.receive_data(b"")
+            continue
+        if isinstance(event, h11.Request):
+            pending.request = event
+        elif isinstance(event, h11.Data):
+            pending.body += event.data
+        elif isinstance(event, h11.EndOfMessage):
+            return pending.request
+        elif isinstance(event, h11.ConnectionClosed) or event is h11.PAUSED:
+            return None
