@@ -342,3 +342,61 @@ def test_equal_selectors_make_equal_specs() -> None:
 )
 def test_device_ids_name_nvml_keys(device_id: str, key: str) -> None:
     assert device_key(device_id) == key
+
+
+@pytest.mark.anyio
+async def test_metrics_show_holders_unmatched_ids_and_dra_devices() -> None:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from keda_gpu_scaler.domain.samples import DraDevice
+    from keda_gpu_scaler.serving.observability import SelfMetrics
+
+    dra = DraDevice(
+        namespace="lab",
+        pod="notebook",
+        container="main",
+        claim_namespace="lab",
+        claim_name="gpu-claim",
+        driver="gpu.nvidia.com",
+        pool="node-a",
+        device="gpu-0",
+    )
+    snapshot = _snapshot(READINGS, [*HOLDERS, _holder("ml", "train-0", "nvidia0")], PODS)
+    assert snapshot.attribution is not None
+    snapshot = msgspec.structs.replace(
+        snapshot, attribution=msgspec.structs.replace(snapshot.attribution, dra=(dra,))
+    )
+    metrics = SelfMetrics()
+    metrics.read_live(lambda: snapshot, lambda: 0)
+    series: dict[str, list[dict[str, str]]] = {}
+    for family in text_string_to_metric_families(metrics.render().decode()):
+        for sample in family.samples:
+            series.setdefault(sample.name, []).append(sample.labels)
+    info = series["keda_gpu_scaler_gpu_pod_info"]
+    assert len(info) == len(HOLDERS)
+    assert {
+        "index": "4",
+        "uuid": "MIG-4-1",
+        "mig_instance": "4:1",
+        "namespace": "serve",
+        "pod": "vllm-b",
+        "container": "main",
+        "resource": "nvidia.com/mig-1g.18gb",
+        "device_id": "MIG-4-1",
+    } in info
+    assert series["keda_gpu_scaler_pod_resources_unmatched_devices"] == [
+        {
+            "namespace": "ml",
+            "pod": "train-0",
+            "container": "main",
+            "resource": "nvidia.com/gpu",
+            "device_id": "nvidia0",
+        }
+    ]
+    (row,) = series["keda_gpu_scaler_pod_resources_dra_devices"]
+    assert (row["claim"], row["driver"], row["pool"], row["device"]) == (
+        "lab/gpu-claim",
+        "gpu.nvidia.com",
+        "node-a",
+        "gpu-0",
+    )
