@@ -57,6 +57,9 @@ class GpuReading(msgspec.Struct, frozen=True, kw_only=True, tag="gpu", omit_defa
     parent_uuid: str | None = None
     gpu_instance_id: int | None = None
     compute_instance_id: int | None = None
+    node: str = ""
+    """The node it was read on, on a cluster scaler (its ``key`` is then ``<node>/<uuid>``);
+    empty on a node agent, which reads its own node."""
 
     def is_mig_instance(self) -> bool:
         return self.parent_index is not None
@@ -138,6 +141,8 @@ class PodResourcesReading(
     period_s: float
     holders: tuple[DeviceHolder, ...] = ()
     dra: tuple[DraDevice, ...] = ()
+    node: str = ""
+    """The node whose kubelet answered, on a cluster scaler; empty on a node agent."""
 
 
 class PodInfo(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
@@ -167,6 +172,37 @@ class PodsReading(msgspec.Struct, frozen=True, kw_only=True, tag="pods", omit_de
     period_s: float
     node: str
     pods: tuple[PodInfo, ...] = ()
+
+
+class AgentTarget(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
+    """A node agent a cluster scaler may link to, as discovery found it."""
+
+    host: str
+    port: int
+    pod: str = ""
+    node: str = ""
+    """Empty when discovery cannot tell (DNS, static): the agent's stream names its node."""
+    ready: bool = True
+    """Not-ready endpoints are listed (tap, /metrics), never linked."""
+
+    @property
+    def address(self) -> str:
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"{host}:{self.port}"
+
+
+class AgentsReading(msgspec.Struct, frozen=True, kw_only=True, tag="agents", omit_defaults=True):
+    """The whole set of node agents discovery sees now (``--agents``), as discovery tells
+    the links (its own channel, not the aggregator's)."""
+
+    source: str
+    taken_at: float
+    period_s: float
+    targets: tuple[AgentTarget, ...] = ()
+
+
+AGENTS_SOURCE = "agents"
+"""Source name of agent discovery on a cluster scaler."""
 
 
 Sample = (
