@@ -76,44 +76,52 @@ def attribute(snapshot: Snapshot) -> Attribution | None:
 
 def unavailable_reason(snapshot: Snapshot, now: float) -> str | None:
     """Why pod attribution cannot be used now, or None when it can."""
-    reading = snapshot.attribution
-    source = snapshot.sources.get(reading.source if reading else POD_RESOURCES_SOURCE)
-    fault = f": {source.fault}" if source is not None and source.fault else ""
-    if reading is None:
-        if fault:
-            return f"pod attribution is unavailable{fault}"
-        return (
-            "pod attribution is unavailable: the kubelet PodResources API has not answered "
-            "(is --pod-resources-socket set, and the socket's directory mounted?)"
-        )
-    age = now - reading.taken_at
-    if age > stale_limit_s(reading.period_s):
-        return (
-            f"pod attribution is stale: the kubelet's last good answer is {age:.0f} s old "
-            f"(limit {stale_limit_s(reading.period_s):g} s){fault}"
-        )
-    return None
+    return _unavailable(
+        snapshot,
+        snapshot.attribution,
+        POD_RESOURCES_SOURCE,
+        now,
+        what="pod attribution",
+        silent="the kubelet PodResources API has not answered (is --pod-resources-socket "
+        "set, and the socket's directory mounted?)",
+        stale="the kubelet's last good answer is {age:.0f} s old",
+    )
 
 
 def pods_unavailable_reason(snapshot: Snapshot, now: float) -> str | None:
     """Why the pod labels cannot be used now, or None when they can."""
-    reading = snapshot.pods
-    source = snapshot.sources.get(reading.source if reading else PODS_SOURCE)
+    return _unavailable(
+        snapshot,
+        snapshot.pods,
+        PODS_SOURCE,
+        now,
+        what="pod labels",
+        silent="the Kubernetes API has not answered (is --node-name set, and may the "
+        "service account list and watch pods?)",
+        stale="the Kubernetes API last answered {age:.0f} s ago",
+    )
+
+
+def _unavailable(
+    snapshot: Snapshot,
+    reading: PodResourcesReading | PodsReading | None,
+    default_source: str,
+    now: float,
+    *,
+    what: str,
+    silent: str,
+    stale: str,
+) -> str | None:
+    source = snapshot.sources.get(reading.source if reading else default_source)
     fault = f": {source.fault}" if source is not None and source.fault else ""
+    verb = "are" if what.endswith("s") else "is"
     if reading is None:
-        if fault:
-            return f"pod labels are unavailable{fault}"
-        return (
-            "pod labels are unavailable: the Kubernetes API has not answered "
-            "(is --node-name set, and may the service account list and watch pods?)"
-        )
+        return f"{what} {verb} unavailable" + (fault or f": {silent}")
     age = now - reading.taken_at
-    if age > stale_limit_s(reading.period_s):
-        return (
-            f"pod labels are stale: the Kubernetes API last answered {age:.0f} s ago "
-            f"(limit {stale_limit_s(reading.period_s):g} s){fault}"
-        )
-    return None
+    limit = stale_limit_s(reading.period_s)
+    if age <= limit:
+        return None
+    return f"{what} {verb} stale: {stale.format(age=age)} (limit {limit:g} s){fault}"
 
 
 def fresh_until(snapshot: Snapshot) -> float:
