@@ -669,7 +669,7 @@ def test_a_pod_list_decodes_what_is_read_and_skips_the_rest() -> None:
     page = decode_page(body)
     assert page.resource_version == "812"
     assert page.continue_token == "abc"
-    assert page.pods == (
+    assert page.items == (
         PodInfo(namespace="ml", name="a", uid="u1", labels={"app": "x"}, phase="Running"),
         PodInfo(namespace="ml", name="b"),
     )

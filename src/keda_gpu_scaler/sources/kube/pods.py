@@ -1,43 +1,26 @@
 """PodWatcher: the actor that keeps this node's pods, through the Kubernetes API.
 
-List, then watch, as Kubernetes' own informers do, with the steps kr8s's watch lacks::
+It lists, then watches, ``/api/v1/pods?fieldSelector=spec.nodeName=<node>`` with the
+shared engine (:class:`~keda_gpu_scaler.sources.kube.listwatch.ListWatch`: pages of 500,
+``resourceVersion=0`` the first time, bookmarks, a 15 to 20 s server timeout per watch,
+resumed from the last resourceVersion seen, relisted only on 410; see its docstring)::
 
-    LIST  /api/v1/pods?fieldSelector=spec.nodeName=<node>&limit=500[&continue=...]
-          -> every pod of the node and the list's resourceVersion; publish
-          (the first list asks resourceVersion=0: the API server's watch cache may answer,
-          which is cheap when a whole DaemonSet starts; a list after 410 reads the latest)
-    WATCH ...&watch=true&resourceVersion=<rv>&allowWatchBookmarks=true&timeoutSeconds=<n>
-          ADDED, MODIFIED   upsert by namespace/name
-          DELETED           remove
-          BOOKMARK          progress only
-          ERROR 410         the resourceVersion expired: list again
-          ERROR other       a fault; resume after a backoff delay
-    the server ends the watch (timeoutSeconds)
-          -> watch again at once from the last resourceVersion seen, without listing
-    the connection drops or hangs
-          -> a fault; after a backoff delay, watch again from there, without listing
-
-Every event moves the resourceVersion the next watch starts from, bookmarks included, so a
-quiet node resumes near the present. A watch answered with HTTP 410 also means list
-again; a 410 right after a fresh list is a fault (with backoff), and so is a second watch
-in a row that the server ended within a second without an event, so a confused server or
-proxy cannot make the watcher loop.
+    ADDED, MODIFIED   upsert by namespace/name
+    DELETED           remove
+    a pod that moves onto or off the node shows as ADDED or DELETED
 
 Readings (``PodsReading``: the whole set, sorted by namespace then name) say when the API
 last answered: a list, any watch event, a watch that opened with 200, a watch that ended
 cleanly. ``period_s`` is 10 s, so the labels are unavailable once the API has not answered
-for 30 s (three periods). A watch asks the server to end it after 15 to 20 s (drawn per
-watch, so a DaemonSet's watches do not all end together), so a healthy API answers at
-least that often even when nothing changes; a read waits that long plus the request timeout
-(5 s) before the connection counts as hung. What is published is paced by
-:class:`~keda_gpu_scaler.sources.kube.podset.Pacing`: every change at once, otherwise at
+for 30 s (three periods); a healthy API answers at least every 20 s, when a watch ends,
+even when nothing changes. What is published is paced by
+:class:`~keda_gpu_scaler.sources.kube.store.Pacing`: every change at once, otherwise at
 most one reading per ``refresh_s`` (1 s).
 
 Failures (no connection, a timeout, 401/403 with the API's message, 5xx, bad JSON) are
 published as a ``SourceFault`` whose reason names the request and the answer, and retried
 with :class:`~keda_gpu_scaler.domain.backoff.Backoff` delays; the last reading goes stale on
-its own meanwhile. Bad JSON in a watch means an event may be lost, so the retry lists
-again. A missing configuration (no kubeconfig and not in a cluster) raises
+its own meanwhile. A missing configuration (no kubeconfig and not in a cluster) raises
 ``SourceUnavailable`` out of :meth:`PodWatcher.run`: the supervisor logs it, publishes it
 as a fault, and restarts the watcher with its own backoff, so a kubeconfig mounted later is
 found.
@@ -57,32 +40,40 @@ from anyio.streams.memory import MemoryObjectSendStream
 from keda_gpu_scaler.domain.backoff import Backoff
 from keda_gpu_scaler.domain.samples import (
     PODS_SOURCE,
-    PodInfo,
     PodsReading,
     Sample,
     SourceFault,
 )
-from keda_gpu_scaler.sources.kube.client import SERVICE_ACCOUNT, KubeClient, KubeFailure, KubeGone
-from keda_gpu_scaler.sources.kube.podset import Pacing, PodSet
-from keda_gpu_scaler.sources.kube.wire import (
-    WatchError,
-    WireError,
-    decode_event,
-    decode_page,
+from keda_gpu_scaler.sources.kube.client import SERVICE_ACCOUNT
+from keda_gpu_scaler.sources.kube.listwatch import (
+    DEFAULT_BACKOFF,
+    DEFAULT_PAGE_SIZE,
+    DEFAULT_REQUEST_TIMEOUT_S,
+    DEFAULT_WATCH_TIMEOUT_S,
+    ListWatch,
+    Resource,
 )
+from keda_gpu_scaler.sources.kube.podset import pod_key
+from keda_gpu_scaler.sources.kube.store import Pacing
+from keda_gpu_scaler.sources.kube.wire import POD_CODEC
+
+__all__ = [
+    "DEFAULT_BACKOFF",
+    "DEFAULT_PAGE_SIZE",
+    "DEFAULT_REFRESH_S",
+    "DEFAULT_REQUEST_TIMEOUT_S",
+    "DEFAULT_WATCH_TIMEOUT_S",
+    "PERIOD_S",
+    "PodWatchStatistics",
+    "PodWatcher",
+]
 
 PERIOD_S = 10.0
 """A reading's period: the labels are unavailable after three without an answer (30 s)."""
-DEFAULT_WATCH_TIMEOUT_S = 20
-DEFAULT_REQUEST_TIMEOUT_S = 5.0
 DEFAULT_REFRESH_S = 1.0
-DEFAULT_PAGE_SIZE = 500
-DEFAULT_BACKOFF = Backoff(initial_s=0.5, factor=2.0, maximum_s=30.0)
 
 log = logging.getLogger(__name__)
 
-_SHORT_WATCH_S = 1.0
-"""A watch that ends sooner, without an event, is suspect; two in a row are a failure."""
 _NODE_NAME = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
 
 
@@ -130,41 +121,43 @@ class PodWatcher:
             raise ValueError("the pod watch needs this node's name (--node-name or NODE_NAME)")
         if len(node_name) > 253 or not _NODE_NAME.fullmatch(node_name):
             raise ValueError(f"node name {node_name!r} is not a Kubernetes node name")
-        if watch_timeout_s < 1:
-            raise ValueError(f"watch_timeout_s must be 1 or more, not {watch_timeout_s}")
-        if request_timeout_s <= 0:
-            raise ValueError(f"request_timeout_s must be positive, not {request_timeout_s}")
-        if page_size < 1:
-            raise ValueError(f"page_size must be 1 or more, not {page_size}")
         self.node_name = node_name
-        self._kubeconfig = kubeconfig
-        self._serviceaccount = serviceaccount
-        self._watch_timeout_s = watch_timeout_s
-        self._request_timeout_s = request_timeout_s
-        self._page_size = page_size
-        self._backoff = backoff
-        self._rng = rng or random.Random()
-        self._selector = f"spec.nodeName={node_name}"
-        self._pods = PodSet()
+        resource = Resource(
+            version="v1",
+            path="pods",
+            selector=("fieldSelector", f"spec.nodeName={node_name}"),
+            codec=POD_CODEC,
+            key=pod_key,
+            title="pod watch",
+        )
+        self._engine = ListWatch(
+            resource,
+            source=self.name,
+            log=log,
+            log_fields=lambda: {"node": self.node_name, "pods": len(self._engine.store)},
+            kubeconfig=kubeconfig,
+            serviceaccount=serviceaccount,
+            watch_timeout_s=watch_timeout_s,
+            request_timeout_s=request_timeout_s,
+            page_size=page_size,
+            backoff=backoff,
+            rng=rng,
+        )
         self._pacing = Pacing(refresh_s)
-        self._failures = 0
-        self._fresh_list = False
-        self._short_watches = 0
-        self._lists = self._watches = self._events = self._readings = self._faults = 0
-        self._last_answer_at: float | None = None
-        self._failing: str | None = None
+        self._readings = 0
 
     def statistics(self) -> PodWatchStatistics:
+        engine = self._engine.statistics()
         return PodWatchStatistics(
-            lists=self._lists,
-            watches=self._watches,
-            events=self._events,
+            lists=engine.lists,
+            watches=engine.watches,
+            events=engine.events,
             readings=self._readings,
-            faults=self._faults,
-            pods=len(self._pods),
-            resource_version=self._pods.resource_version,
-            last_answer_at=self._last_answer_at,
-            failing=self._failing,
+            faults=engine.faults,
+            pods=engine.objects,
+            resource_version=engine.resource_version,
+            last_answer_at=engine.last_answer_at,
+            failing=engine.failing,
         )
 
     async def run(
@@ -175,138 +168,19 @@ class PodWatcher:
     ) -> None:
         async with send:
             task_status.started()
-            async with KubeClient(
-                kubeconfig=self._kubeconfig,
-                serviceaccount=self._serviceaccount,
-                timeout_s=self._request_timeout_s,
-            ) as client:
-                await self._connect(client, send)
-                while True:
-                    await self._step(client, send)
 
-    async def _connect(self, client: KubeClient, send: MemoryObjectSendStream[Sample]) -> None:
-        while True:
-            try:
-                await client.connect()
-                return
-            except KubeFailure as exc:
-                await self._failed(send, exc.reason)
+            async def answered(changed: bool, now: float) -> None:
+                await self._answered(send, changed=changed, now=now)
 
-    async def _step(self, client: KubeClient, send: MemoryObjectSendStream[Sample]) -> None:
-        """List if there is no position to watch from, then watch once."""
-        try:
-            if self._pods.resource_version is None:
-                await self._list(client, send)
-            await self._watch(client, send)
-        except KubeGone as exc:
-            # Relist at once, unless the list just made is what expired: then the server
-            # is confused, and listing again at once could loop.
-            fresh = self._fresh_list
-            self._pods.forget_position()
-            if fresh:
-                await self._failed(send, f"{exc.reason} (right after a list)")
-        except KubeFailure as exc:
-            await self._failed(send, exc.reason)
-        except WireError as exc:
-            # An event may be lost: only a list makes the set whole again.
-            self._pods.forget_position()
-            await self._failed(send, f"Kubernetes API: {self._what('watch')}: {exc}")
+            async def failed(reason: str, now: float) -> None:
+                self._pacing.faulted()
+                await send.send(SourceFault(source=self.name, key=None, at=now, reason=reason))
 
-    async def _list(self, client: KubeClient, send: MemoryObjectSendStream[Sample]) -> None:
-        # resourceVersion=0 lets the first list come from the API server's watch cache
-        # (cheap for a DaemonSet's worth of lists); a list after 410 reads the latest, which
-        # the watch can resume from.
-        first: dict[str, str] = {"resourceVersion": "0"} if self._lists == 0 else {}
-        params = {"fieldSelector": self._selector, "limit": str(self._page_size), **first}
-        pods: list[PodInfo] = []
-        while True:
-            async with client.get("pods", params, what=self._what("list")) as response:
-                try:
-                    page = decode_page(response.content)
-                except WireError as exc:
-                    raise KubeFailure(f"Kubernetes API: {self._what('list')}: {exc}") from exc
-            pods.extend(page.pods)
-            if not page.continue_token:
-                break
-            params = {
-                "fieldSelector": self._selector,
-                "limit": str(self._page_size),
-                "continue": page.continue_token,
-            }
-        self._lists += 1
-        self._fresh_list = True
-        changed = self._pods.replace(pods, page.resource_version)
-        await self._answered(send, changed=changed)
+            await self._engine.run(answered=answered, failed=failed)
 
-    async def _watch(self, client: KubeClient, send: MemoryObjectSendStream[Sample]) -> None:
-        timeout_s = self._rng.randint(-(-self._watch_timeout_s * 3 // 4), self._watch_timeout_s)
-        params = {
-            "fieldSelector": self._selector,
-            "watch": "true",
-            "resourceVersion": self._pods.resource_version or "",
-            "allowWatchBookmarks": "true",
-            "timeoutSeconds": str(timeout_s),
-        }
-        self._watches += 1
-        opened_at = anyio.current_time()
-        events = 0
-        async with client.get(
-            "pods",
-            params,
-            what=self._what("watch"),
-            stream=True,
-            read_timeout_s=timeout_s + self._request_timeout_s,
-        ) as response:
-            await self._answered(send, changed=False)
-            async for line in response.aiter_lines():
-                if line.strip():
-                    events += 1
-                    await self._event(line, send)
-        await self._ended(send, events=events, lasted_s=anyio.current_time() - opened_at)
-
-    async def _event(self, line: str, send: MemoryObjectSendStream[Sample]) -> None:
-        event = decode_event(line)
-        self._events += 1
-        if isinstance(event, WatchError):
-            reason = (
-                f"Kubernetes API: {self._what('watch')} sent ERROR {event.code}"
-                f"{' ' + event.reason if event.reason else ''}: {event.message}"
-            )
-            raise KubeGone(reason) if event.is_gone() else KubeFailure(reason)
-        changed = self._pods.apply(event)
-        self._fresh_list = False
-        self._failures = 0
-        await self._answered(send, changed=changed)
-
-    async def _ended(
-        self, send: MemoryObjectSendStream[Sample], *, events: int, lasted_s: float
+    async def _answered(
+        self, send: MemoryObjectSendStream[Sample], *, changed: bool, now: float
     ) -> None:
-        """The server ended the watch cleanly: an answer, and the next watch resumes."""
-        self._fresh_list = False
-        if events == 0 and lasted_s < _SHORT_WATCH_S:
-            self._short_watches += 1
-            if self._short_watches > 1:
-                await self._answered(send, changed=False)
-                await self._failed(
-                    send,
-                    f"Kubernetes API: {self._what('watch')}: {self._short_watches} watches "
-                    f"in a row ended within {_SHORT_WATCH_S:g} s without an event",
-                )
-                return
-        else:
-            self._short_watches = 0
-            self._failures = 0
-        await self._answered(send, changed=False)
-
-    async def _answered(self, send: MemoryObjectSendStream[Sample], *, changed: bool) -> None:
-        now = anyio.current_time()
-        if self._last_answer_at is None or self._failing is not None:
-            log.info(
-                "Kubernetes API pod watch answering",
-                extra={"source": self.name, "node": self.node_name, "pods": len(self._pods)},
-            )
-        self._last_answer_at = now
-        self._failing = None
         if not self._pacing.is_due(changed=changed, now=now):
             return
         self._pacing.published(now)
@@ -316,29 +190,6 @@ class PodWatcher:
             taken_at=now,
             period_s=PERIOD_S,
             node=self.node_name,
-            pods=self._pods.pods(),
+            pods=self._engine.store.items(),
         )
         await send.send(reading)
-
-    async def _failed(self, send: MemoryObjectSendStream[Sample], reason: str) -> None:
-        """Publish the fault, then wait out the backoff delay of consecutive failures.
-
-        Only a working watch (an event, or a watch that lasted) resets the count: a server
-        that answers lists but fails every watch still backs off further each time."""
-        self._failures += 1
-        self._faults += 1
-        self._pacing.faulted()
-        delay = self._backoff.delay(self._failures)
-        if reason != self._failing:
-            # Once when the watch starts failing and when the cause changes, not every retry.
-            log.warning(
-                "Kubernetes API pod watch failing",
-                extra={"source": self.name, "error": reason, "retry_in_s": delay},
-            )
-        self._failing = reason
-        now = anyio.current_time()
-        await send.send(SourceFault(source=self.name, key=None, at=now, reason=reason))
-        await anyio.sleep(delay)
-
-    def _what(self, verb: str) -> str:
-        return f"{verb} /api/v1/pods?fieldSelector={self._selector}"

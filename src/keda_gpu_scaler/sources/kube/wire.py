@@ -1,6 +1,6 @@
-"""The Kubernetes list and watch wire format for pods, sans-I/O: bytes in, typed values out.
+"""The Kubernetes list and watch wire format, sans-I/O: bytes in, typed values out.
 
-A list answers one JSON ``PodList``::
+A list answers one JSON list object (``PodList``, ``EndpointSliceList``, ...)::
 
     {"kind": "PodList", "metadata": {"resourceVersion": "812", "continue": "..."},
      "items": [{"metadata": {"namespace": "ml", "name": "vllm-0", "uid": "...",
@@ -9,21 +9,26 @@ A list answers one JSON ``PodList``::
 
 A watch answers one JSON event per line, ``{"type": ..., "object": ...}``:
 
-    ADDED, MODIFIED   the pod as it is now
-    DELETED           the pod as it last was
+    ADDED, MODIFIED   the object as it is now
+    DELETED           the object as it last was
     BOOKMARK          progress only: an object whose ``metadata.resourceVersion`` is all
                       that counts (sent when asked with ``allowWatchBookmarks=true``)
     ERROR             a ``Status`` object: ``code`` 410 (Gone, "too old resource
                       version") means relist; anything else is a failure of the watch
 
-Only the fields this product reads are decoded (msgspec skips the rest of a pod without
-building it), so a node's worth of pods costs little however large their specs are.
-Anything that is not this shape raises :class:`WireError` naming what was wrong.
+The envelope is the same for every kind; a :class:`Codec` says how one kind of object is
+decoded (a msgspec Struct with only the fields this product reads, so the rest of an object
+is skipped without being built) and turned into the value the product keeps. The pods'
+codec is :data:`POD_CODEC` (:func:`decode_page` and :func:`decode_event` use it); the
+EndpointSlices' is in :mod:`~keda_gpu_scaler.sources.kube.endpointslices`. Anything that is
+not this shape raises :class:`WireError` naming what was wrong.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any, Generic, TypeVar
 
 import msgspec
 
@@ -31,36 +36,22 @@ from keda_gpu_scaler.domain.samples import PodInfo
 
 GONE = 410
 
+S = TypeVar("S", bound=msgspec.Struct)
+T = TypeVar("T")
+
 
 class WireError(ValueError):
     """An answer of the Kubernetes API that is not the list or watch format."""
 
 
-class _Meta(msgspec.Struct, rename="camel"):
-    namespace: str
-    name: str
-    uid: str = ""
-    labels: dict[str, str] | None = None
-    resource_version: str = ""
-
-
-class _Phase(msgspec.Struct):
-    phase: str = ""
-
-
-class _Pod(msgspec.Struct):
-    metadata: _Meta
-    status: _Phase | None = None
-
-
-class _ListMeta(msgspec.Struct, rename="camel"):
+class ListMeta(msgspec.Struct, rename="camel"):
     resource_version: str = ""
     continue_: str = msgspec.field(default="", name="continue")
 
 
-class _PodList(msgspec.Struct):
-    metadata: _ListMeta
-    items: list[_Pod] | None = None
+class _List(msgspec.Struct, Generic[S]):
+    metadata: ListMeta
+    items: list[S] | None = None
 
 
 class _Envelope(msgspec.Struct):
@@ -69,7 +60,7 @@ class _Envelope(msgspec.Struct):
 
 
 class _Progress(msgspec.Struct):
-    metadata: _ListMeta
+    metadata: ListMeta
 
 
 class _Status(msgspec.Struct):
@@ -78,34 +69,32 @@ class _Status(msgspec.Struct):
     message: str = ""
 
 
-_LIST = msgspec.json.Decoder(_PodList)
 _ENVELOPE = msgspec.json.Decoder(_Envelope)
-_POD = msgspec.json.Decoder(_Pod)
 _PROGRESS = msgspec.json.Decoder(_Progress)
 _STATUS = msgspec.json.Decoder(_Status)
 
 
 @dataclass(frozen=True, slots=True)
-class PodPage:
-    """One page of a list: its pods, the list's resourceVersion and the next page's token
-    (empty on the last page)."""
+class Page(Generic[T]):
+    """One page of a list: its objects, the list's resourceVersion and the next page's
+    token (empty on the last page)."""
 
-    pods: tuple[PodInfo, ...]
+    items: tuple[T, ...]
     resource_version: str
     continue_token: str
 
 
 @dataclass(frozen=True, slots=True)
-class Upsert:
-    """ADDED or MODIFIED: the pod as it is now."""
+class Upsert(Generic[T]):
+    """ADDED or MODIFIED: the object as it is now."""
 
-    pod: PodInfo
+    item: T
     resource_version: str
 
 
 @dataclass(frozen=True, slots=True)
-class Delete:
-    pod: PodInfo
+class Delete(Generic[T]):
+    item: T
     resource_version: str
 
 
@@ -126,49 +115,91 @@ class WatchError:
         return self.code == GONE
 
 
-WatchEvent = Upsert | Delete | Bookmark | WatchError
+WatchEvent = Upsert[T] | Delete[T] | Bookmark | WatchError
 
 
-def decode_page(body: bytes) -> PodPage:
-    """One ``PodList`` answer; :class:`WireError` when it is not one."""
-    try:
-        page = _LIST.decode(body)
-    except msgspec.DecodeError as exc:
-        raise WireError(f"the pod list is not a PodList: {exc}") from exc
-    if not page.metadata.resource_version:
-        raise WireError("the pod list has no metadata.resourceVersion")
-    return PodPage(
-        pods=tuple(_info(pod) for pod in page.items or ()),
-        resource_version=page.metadata.resource_version,
-        continue_token=page.metadata.continue_,
-    )
+class Codec(Generic[S, T]):
+    """How the objects of one kind are read: ``struct`` is what is decoded, ``convert``
+    makes the value kept of it, ``version_of`` reads its ``metadata.resourceVersion``.
+    ``noun`` and ``list_kind`` name them in errors ("the pod list is not a PodList")."""
+
+    def __init__(
+        self,
+        *,
+        noun: str,
+        list_kind: str,
+        struct: type[S],
+        convert: Callable[[S], T],
+        version_of: Callable[[S], str],
+    ) -> None:
+        self.noun = noun
+        self.list_kind = list_kind
+        self._convert = convert
+        self._version_of = version_of
+        self._object = msgspec.json.Decoder(struct)
+        self._list: msgspec.json.Decoder[_List[Any]] = msgspec.json.Decoder(_List[struct])  # type: ignore[valid-type]
+
+    def decode_page(self, body: bytes) -> Page[T]:
+        """One list answer; :class:`WireError` when it is not one."""
+        try:
+            page = self._list.decode(body)
+        except msgspec.DecodeError as exc:
+            article = "an" if self.list_kind[0] in "AEIOU" else "a"
+            raise WireError(
+                f"the {self.noun} list is not {article} {self.list_kind}: {exc}"
+            ) from exc
+        if not page.metadata.resource_version:
+            raise WireError(f"the {self.noun} list has no metadata.resourceVersion")
+        return Page(
+            items=tuple(self._convert(item) for item in page.items or ()),
+            resource_version=page.metadata.resource_version,
+            continue_token=page.metadata.continue_,
+        )
+
+    def decode_event(self, line: bytes | str) -> WatchEvent[T]:
+        """One line of a watch; :class:`WireError` when it is not a watch event."""
+        try:
+            envelope = _ENVELOPE.decode(line)
+            return self._event(envelope.type, envelope.object)
+        except msgspec.DecodeError as exc:
+            raise WireError(f"a watch event is not valid: {exc} in {_excerpt(line)}") from exc
+
+    def _event(self, kind: str, body: msgspec.Raw) -> WatchEvent[T]:
+        if kind in ("ADDED", "MODIFIED", "DELETED"):
+            decoded = self._object.decode(body)
+            item = self._convert(decoded)
+            if kind == "DELETED":
+                return Delete(item, self._version_of(decoded))
+            return Upsert(item, self._version_of(decoded))
+        if kind == "BOOKMARK":
+            version = _PROGRESS.decode(body).metadata.resource_version
+            if not version:
+                raise WireError("a BOOKMARK event has no metadata.resourceVersion")
+            return Bookmark(version)
+        if kind == "ERROR":
+            status = _STATUS.decode(body)
+            return WatchError(status.code, status.reason, status.message)
+        raise WireError(f"unknown watch event type {kind!r}")
 
 
-def decode_event(line: bytes | str) -> WatchEvent:
-    """One line of a watch; :class:`WireError` when it is not a watch event."""
-    try:
-        envelope = _ENVELOPE.decode(line)
-        return _event(envelope.type, envelope.object)
-    except msgspec.DecodeError as exc:
-        raise WireError(f"a watch event is not valid: {exc} in {_excerpt(line)}") from exc
+# -- pods ----------------------------------------------------------------------------
 
 
-def _event(kind: str, body: msgspec.Raw) -> WatchEvent:
-    if kind in ("ADDED", "MODIFIED", "DELETED"):
-        pod = _POD.decode(body)
-        info = _info(pod)
-        if kind == "DELETED":
-            return Delete(info, pod.metadata.resource_version)
-        return Upsert(info, pod.metadata.resource_version)
-    if kind == "BOOKMARK":
-        version = _PROGRESS.decode(body).metadata.resource_version
-        if not version:
-            raise WireError("a BOOKMARK event has no metadata.resourceVersion")
-        return Bookmark(version)
-    if kind == "ERROR":
-        status = _STATUS.decode(body)
-        return WatchError(status.code, status.reason, status.message)
-    raise WireError(f"unknown watch event type {kind!r}")
+class _Meta(msgspec.Struct, rename="camel"):
+    namespace: str
+    name: str
+    uid: str = ""
+    labels: dict[str, str] | None = None
+    resource_version: str = ""
+
+
+class _Phase(msgspec.Struct):
+    phase: str = ""
+
+
+class _Pod(msgspec.Struct):
+    metadata: _Meta
+    status: _Phase | None = None
 
 
 def _info(pod: _Pod) -> PodInfo:
@@ -180,6 +211,26 @@ def _info(pod: _Pod) -> PodInfo:
         labels=meta.labels or {},
         phase=pod.status.phase if pod.status is not None else "",
     )
+
+
+POD_CODEC: Codec[_Pod, PodInfo] = Codec(
+    noun="pod",
+    list_kind="PodList",
+    struct=_Pod,
+    convert=_info,
+    version_of=lambda pod: pod.metadata.resource_version,
+)
+"""Pods: namespace, name, uid, labels and phase, nothing else."""
+
+
+def decode_page(body: bytes) -> Page[PodInfo]:
+    """One ``PodList`` answer; :class:`WireError` when it is not one."""
+    return POD_CODEC.decode_page(body)
+
+
+def decode_event(line: bytes | str) -> WatchEvent[PodInfo]:
+    """One line of a pod watch; :class:`WireError` when it is not a watch event."""
+    return POD_CODEC.decode_event(line)
 
 
 def _excerpt(line: bytes | str, limit: int = 120) -> str:
