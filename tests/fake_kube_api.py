@@ -1,4 +1,5 @@
-"""A fake Kubernetes API server for tests: pods, list and watch, on 127.0.0.1.
+"""A fake Kubernetes API server for tests: pods and EndpointSlices, list and watch, on
+127.0.0.1.
 
 It speaks the wire format a real API server does, over real HTTP/1.1 (h11 on anyio), so
 the code under test runs its real client stack (kr8s, httpx) through a kubeconfig that
@@ -16,12 +17,19 @@ What it models:
 - Pods, with one resourceVersion counter bumped on every change (as etcd's revision).
   A list (``GET /api/v1/pods``, ``fieldSelector=spec.nodeName=...``, ``limit`` and
   ``continue``) answers a ``PodList`` with ``metadata.resourceVersion``.
+- EndpointSlices (``discovery.k8s.io/v1``), on the same counter and history:
+  ``GET /apis/discovery.k8s.io/v1/namespaces/<ns>/endpointslices`` (or every namespace's,
+  without ``namespaces/<ns>``) with a ``labelSelector`` of equality terms (``k=v``,
+  ``k==v``, ``k!=v``, ``k``, ``!k``, comma-separated), such as
+  ``kubernetes.io/service-name=agents``; :func:`slice_endpoint` and :func:`slice_port`
+  build their parts.
 - ``?watch=true`` streams one JSON event per line (chunked): the changes after the
   ``resourceVersion`` asked for are replayed from history, then live ones follow, as an
-  API server's watch cache does, so a client that resumes misses nothing. A pod that
-  leaves or joins the selected node shows as DELETED or ADDED. ``timeoutSeconds`` ends the
-  watch cleanly. :meth:`FakeKubeApi.compact` forgets history: a watch from before it is
-  answered 410 Gone (an HTTP status, or an ERROR event with ``too_old="event"``).
+  API server's watch cache does, so a client that resumes misses nothing. An object that
+  leaves or joins the selection (a pod moved to another node, a slice relabelled) shows as
+  DELETED or ADDED. ``timeoutSeconds`` ends the watch cleanly. :meth:`FakeKubeApi.compact`
+  forgets history: a watch from before it is answered 410 Gone (an HTTP status, or an ERROR
+  event with ``too_old="event"``).
 - Scripts: :meth:`~FakeKubeApi.bookmark`, :meth:`~FakeKubeApi.send_error`,
   :meth:`~FakeKubeApi.end_watches`, :meth:`~FakeKubeApi.drop_connections`,
   :meth:`~FakeKubeApi.fail` (an error status for the next requests), a bearer token that
@@ -29,7 +37,8 @@ What it models:
   listens on the port meanwhile) and :meth:`~FakeKubeApi.hang` (connections accepted,
   never answered).
 - What kr8s asks when it starts: ``/version`` (a supported version, or kr8s warns), and
-  minimal discovery (``/api``, ``/api/v1``, ``/apis``).
+  minimal discovery (``/api``, ``/api/v1``, ``/apis``, ``/apis/discovery.k8s.io`` and its
+  ``v1``).
 
 Every request is recorded (:attr:`FakeKubeApi.requests`: method, path, query, the
 Authorization header) so tests can tell a resumed watch from a relist.
@@ -40,7 +49,8 @@ from __future__ import annotations
 import base64
 import json
 import math
-from collections.abc import AsyncIterator, Callable, Mapping
+import re
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from http import HTTPStatus
@@ -56,10 +66,15 @@ from anyio.lowlevel import checkpoint
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
 Json = dict[str, Any]
-Target = Literal["list", "watch", "pods", "version"]
-"""What a scripted failure applies to: pod lists, pod watches, both, or ``/version``."""
+Target = Literal["list", "watch", "pods", "slices", "version"]
+"""What a scripted failure applies to: lists, watches (of either kind), every pod request,
+every EndpointSlice request, or ``/version``."""
+Kind = Literal["pods", "endpointslices"]
 
 PODS_PATH = "/api/v1/pods"
+SLICES_GROUP = "/apis/discovery.k8s.io/v1"
+SERVICE_NAME_LABEL = "kubernetes.io/service-name"
+_SLICES_PATH = re.compile(r"/apis/discovery\.k8s\.io/v1(?:/namespaces/([^/]+))?/endpointslices")
 _REASONS = {
     400: "BadRequest",
     401: "Unauthorized",
@@ -82,11 +97,16 @@ class RecordedRequest:
     def is_pods(self) -> bool:
         return self.path == PODS_PATH
 
+    def is_slices(self) -> bool:
+        return _SLICES_PATH.fullmatch(self.path) is not None
+
     def is_watch(self) -> bool:
-        return self.is_pods() and self.query.get("watch") == "true"
+        """A watch of pods or EndpointSlices."""
+        return (self.is_pods() or self.is_slices()) and self.query.get("watch") == "true"
 
     def is_list(self) -> bool:
-        return self.is_pods() and not self.is_watch()
+        """A list of pods or EndpointSlices."""
+        return (self.is_pods() or self.is_slices()) and not self.is_watch()
 
 
 @dataclass(slots=True)
@@ -107,14 +127,21 @@ def _applies(on: Target, request: RecordedRequest) -> bool:
         return request.is_list()
     if on == "watch":
         return request.is_watch()
+    if on == "slices":
+        return request.is_slices()
     return request.is_pods()
 
 
 @dataclass(frozen=True, slots=True)
 class _Change:
+    kind: Kind
     resource_version: int
     before: Json | None
     after: Json | None
+
+
+Selects = Callable[[Json | None], bool]
+"""Whether an object (None: no object) is in what a list or watch selects."""
 
 
 class _End:
@@ -126,7 +153,8 @@ _END = _End()
 
 @dataclass(eq=False, slots=True)
 class _Watch:
-    node: str | None
+    kind: Kind
+    selects: Selects
     send: MemoryObjectSendStream[bytes | _End]
     receive: MemoryObjectReceiveStream[bytes | _End]
 
@@ -155,9 +183,11 @@ class FakeKubeApi:
         self.requests: list[RecordedRequest] = []
         self._rv = first_resource_version
         self._oldest = first_resource_version
-        self._pods: dict[tuple[str, str], Json] = {}
+        self._objects: dict[Kind, dict[tuple[str, str], Json]] = {"pods": {}, "endpointslices": {}}
+        self._pods = self._objects["pods"]
+        self._slices = self._objects["endpointslices"]
         self._history: list[_Change] = []
-        self._list_snapshots: dict[int, list[Json]] = {}
+        self._list_snapshots: dict[tuple[str, str, str, int], list[Json]] = {}
         self._watches: set[_Watch] = set()
         self._failures: list[_Failure] = []
         self._connections: set[anyio.CancelScope] = set()
@@ -191,6 +221,9 @@ class FakeKubeApi:
     def pod_requests(self) -> list[RecordedRequest]:
         return [r for r in self.requests if r.is_pods()]
 
+    def slice_requests(self) -> list[RecordedRequest]:
+        return [r for r in self.requests if r.is_slices()]
+
     def lists(self) -> list[RecordedRequest]:
         return [r for r in self.requests if r.is_list()]
 
@@ -219,14 +252,14 @@ class FakeKubeApi:
         key = (namespace, name)
         if key in self._pods:
             raise ValueError(f"pod {namespace}/{name} exists already")
-        self._uids += 1
+        uid = uid or self._next_uid()
         pod: Json = {
             "kind": "Pod",
             "apiVersion": "v1",
             "metadata": {
                 "name": name,
                 "namespace": namespace,
-                "uid": uid or f"00000000-0000-4000-8000-{self._uids:012d}",
+                "uid": uid,
                 "creationTimestamp": "2026-01-01T00:00:00Z",
                 **({"labels": dict(labels)} if labels else {}),
             },
@@ -236,7 +269,7 @@ class FakeKubeApi:
             },
             "status": {"phase": phase},
         }
-        return self._commit(None, pod)
+        return self._commit("pods", None, pod)
 
     def update_pod(
         self,
@@ -256,17 +289,89 @@ class FakeKubeApi:
             after["status"]["phase"] = phase
         if node is not None:
             after["spec"]["nodeName"] = node
-        return self._commit(before, after)
+        return self._commit("pods", before, after)
 
     def touch_pod(self, namespace: str, name: str) -> Json:
         """A change nobody here reads (a status condition): only the resourceVersion moves."""
         before = self._pod(namespace, name)
         after = json.loads(json.dumps(before))
         after["status"].setdefault("conditions", []).append({"type": "Ready", "status": "True"})
-        return self._commit(before, after)
+        return self._commit("pods", before, after)
 
     def delete_pod(self, namespace: str, name: str) -> None:
-        self._commit(self._pod(namespace, name), None)
+        self._commit("pods", self._pod(namespace, name), None)
+
+    # -- EndpointSlices ------------------------------------------------------------------
+
+    def add_endpoint_slice(
+        self,
+        namespace: str,
+        name: str,
+        *,
+        service: str | None,
+        endpoints: Sequence[Json] = (),
+        ports: Sequence[Json] | None = None,
+        address_type: str = "IPv4",
+        labels: Mapping[str, str] | None = None,
+    ) -> Json:
+        """A new EndpointSlice of ``service`` (its ``kubernetes.io/service-name`` label; None:
+        no such label), with ``endpoints`` (:func:`slice_endpoint`) and ``ports``
+        (:func:`slice_port`; None: no ``ports`` field); returns it as the API shows it."""
+        if (namespace, name) in self._slices:
+            raise ValueError(f"EndpointSlice {namespace}/{name} exists already")
+        all_labels = {
+            **({SERVICE_NAME_LABEL: service} if service is not None else {}),
+            "endpointslice.kubernetes.io/managed-by": "endpointslice-controller.k8s.io",
+            **(labels or {}),
+        }
+        eps: Json = {
+            "kind": "EndpointSlice",
+            "apiVersion": "discovery.k8s.io/v1",
+            "metadata": {
+                "name": name,
+                "namespace": namespace,
+                "uid": self._next_uid(),
+                "generation": 1,
+                "creationTimestamp": "2026-01-01T00:00:00Z",
+                "labels": all_labels,
+            },
+            "addressType": address_type,
+            "endpoints": [dict(endpoint) for endpoint in endpoints] or None,
+            **({"ports": [dict(port) for port in ports]} if ports is not None else {}),
+        }
+        return self._commit("endpointslices", None, eps)
+
+    def update_endpoint_slice(
+        self,
+        namespace: str,
+        name: str,
+        *,
+        endpoints: Sequence[Json] | None = None,
+        ports: Sequence[Json] | None = None,
+        labels: Mapping[str, str] | None = None,
+    ) -> Json:
+        """Replace a slice's endpoints, ports or labels (each whole); others stay."""
+        before = self._slice(namespace, name)
+        after = json.loads(json.dumps(before))
+        if endpoints is not None:
+            after["endpoints"] = [dict(endpoint) for endpoint in endpoints] or None
+        if ports is not None:
+            after["ports"] = [dict(port) for port in ports]
+        if labels is not None:
+            after["metadata"]["labels"] = dict(labels)
+        after["metadata"]["generation"] += 1
+        return self._commit("endpointslices", before, after)
+
+    def touch_endpoint_slice(self, namespace: str, name: str) -> Json:
+        """A change nobody here reads (an endpoint's zone): only the resourceVersion moves."""
+        before = self._slice(namespace, name)
+        after = json.loads(json.dumps(before))
+        for endpoint in after["endpoints"] or ():
+            endpoint["zone"] = "zone-b" if endpoint.get("zone") == "zone-a" else "zone-a"
+        return self._commit("endpointslices", before, after)
+
+    def delete_endpoint_slice(self, namespace: str, name: str) -> None:
+        self._commit("endpointslices", self._slice(namespace, name), None)
 
     def compact(self) -> None:
         """Forget the history (etcd compaction): watches and list pages from before now are
@@ -279,8 +384,8 @@ class FakeKubeApi:
 
     def bookmark(self) -> None:
         """Send every open watch a BOOKMARK at the current resourceVersion."""
-        progress = {"kind": "Pod", "apiVersion": "v1", "metadata": _bookmark_meta(self._rv)}
-        self._to_watches(lambda _: _line("BOOKMARK", progress))
+        meta = _bookmark_meta(self._rv)
+        self._to_watches(lambda watch: _line("BOOKMARK", {**_TYPE[watch.kind], "metadata": meta}))
 
     def send_error(self, code: int = 410, message: str | None = None) -> None:
         """Send every open watch an ERROR event with a Status, then end it."""
@@ -409,7 +514,7 @@ class FakeKubeApi:
                 return await _send_json(conn, stream, failure.status, status)
         if req.method != "GET":
             return await _send_json(conn, stream, 405, _status(405, "only GET here"))
-        if req.path == PODS_PATH:
+        if req.is_pods() or req.is_slices():
             if req.is_watch():
                 return await self._watch(conn, stream, req)
             code, listed = self._list(req)
@@ -450,39 +555,57 @@ class FakeKubeApi:
                 "resources": [{**pods, "verbs": verbs, "shortNames": ["po"]}],
             }
         if path == "/apis":
-            return {"kind": "APIGroupList", "apiVersion": "v1", "groups": []}
+            return {"kind": "APIGroupList", "apiVersion": "v1", "groups": [_DISCOVERY_GROUP]}
+        if path == "/apis/discovery.k8s.io":
+            return {"kind": "APIGroup", "apiVersion": "v1", **_DISCOVERY_GROUP}
+        if path == SLICES_GROUP:
+            verbs = ["get", "list", "watch"]
+            return {
+                "kind": "APIResourceList",
+                "apiVersion": "v1",
+                "groupVersion": "discovery.k8s.io/v1",
+                "resources": [
+                    {
+                        "name": "endpointslices",
+                        "singularName": "endpointslice",
+                        "namespaced": True,
+                        "kind": "EndpointSlice",
+                        "verbs": verbs,
+                    }
+                ],
+            }
         return None
 
     def _list(self, req: RecordedRequest) -> tuple[int, Json]:
         try:
-            node = _node_of(req.query.get("fieldSelector", ""))
+            kind, selects = _selection(req)
         except ValueError as exc:
             return 400, _status(400, str(exc))
         token = req.query.get("continue")
         if token:
             version, offset = _decode_token(token)
-            items = self._list_snapshots.get(version)
+            items = self._list_snapshots.get(_pages_key(req, version))
             if items is None:
                 return 410, _status(410, "the provided continue parameter is too old")
         else:
             version, offset = self._rv, 0
-            items = [pod for _, pod in sorted(self._pods.items()) if _on_node(pod, node)]
+            items = [obj for _, obj in sorted(self._objects[kind].items()) if selects(obj)]
             items = json.loads(json.dumps(items))
         limit = int(req.query.get("limit") or 0)
         end = offset + limit if limit else len(items)
         metadata: Json = {"resourceVersion": str(version)}
         if end < len(items):
-            self._list_snapshots[version] = items
+            self._list_snapshots[_pages_key(req, version)] = items
             metadata["continue"] = _encode_token(version, end)
             metadata["remainingItemCount"] = len(items) - end
-        page = {"kind": "PodList", "apiVersion": "v1", "metadata": metadata}
+        page = {**_LIST_TYPE[kind], "metadata": metadata}
         return 200, {**page, "items": items[offset:end]}
 
     async def _watch(
         self, conn: h11.Connection, stream: SocketStream, req: RecordedRequest
     ) -> None:
         try:
-            node = _node_of(req.query.get("fieldSelector", ""))
+            kind, selects = _selection(req)
         except ValueError as exc:
             return await _send_json(conn, stream, 400, _status(400, str(exc)))
         asked = req.query.get("resourceVersion", "")
@@ -492,11 +615,11 @@ class FakeKubeApi:
             message = f"too old resource version: {start} ({self._oldest})"
             return await _send_json(conn, stream, 410, _status(410, message))
         # Replay and registration happen with no await between them: no change is missed.
-        backlog = self._backlog(start, node) if not too_old else []
+        backlog = self._backlog(kind, start, selects) if not too_old else []
         if too_old:
             backlog = [_line("ERROR", _status(410, f"too old resource version: {start}"))]
         send, receive = anyio.create_memory_object_stream[bytes | _End](math.inf)
-        watch = _Watch(node, send, receive)
+        watch = _Watch(kind, selects, send, receive)
         if too_old:
             send.send_nowait(_END)
         self._watches.add(watch)
@@ -521,13 +644,13 @@ class FakeKubeApi:
             receive.close()
             self._notify()
 
-    def _backlog(self, start: int | None, node: str | None) -> list[bytes]:
+    def _backlog(self, kind: Kind, start: int | None, selects: Selects) -> list[bytes]:
         if start is None:
             # No resourceVersion: the current state as ADDED events, as a real server does.
-            pods = [pod for _, pod in sorted(self._pods.items()) if _on_node(pod, node)]
-            return [_line("ADDED", pod) for pod in pods]
-        changes = (c for c in self._history if c.resource_version > start)
-        return [line for c in changes if (line := _render(c, node)) is not None]
+            objects = [obj for _, obj in sorted(self._objects[kind].items()) if selects(obj)]
+            return [_line("ADDED", obj) for obj in objects]
+        changes = (c for c in self._history if c.resource_version > start and c.kind == kind)
+        return [line for c in changes if (line := _render(c, selects)) is not None]
 
     # -- state -------------------------------------------------------------------------
 
@@ -537,24 +660,37 @@ class FakeKubeApi:
         except KeyError:
             raise ValueError(f"no pod {namespace}/{name}") from None
 
-    def _commit(self, before: Json | None, after: Json | None) -> Json:
+    def _slice(self, namespace: str, name: str) -> Json:
+        try:
+            return self._slices[(namespace, name)]
+        except KeyError:
+            raise ValueError(f"no EndpointSlice {namespace}/{name}") from None
+
+    def _next_uid(self) -> str:
+        self._uids += 1
+        return f"00000000-0000-4000-8000-{self._uids:012d}"
+
+    def _commit(self, kind: Kind, before: Json | None, after: Json | None) -> Json:
         self._rv += 1
+        objects = self._objects[kind]
         if after is not None:
             after["metadata"]["resourceVersion"] = str(self._rv)
-            self._pods[(after["metadata"]["namespace"], after["metadata"]["name"])] = after
+            objects[(after["metadata"]["namespace"], after["metadata"]["name"])] = after
         elif before is not None:
-            del self._pods[(before["metadata"]["namespace"], before["metadata"]["name"])]
-        change = _Change(self._rv, before, after)
+            del objects[(before["metadata"]["namespace"], before["metadata"]["name"])]
+        change = _Change(kind, self._rv, before, after)
         self._history.append(change)
-        self._to_watches(lambda node: _render(change, node))
+        self._to_watches(
+            lambda watch: _render(change, watch.selects) if watch.kind == kind else None
+        )
         self._notify()
         result = after if after is not None else before
         assert result is not None
         return result
 
-    def _to_watches(self, line_for: Callable[[str | None], bytes | None]) -> None:
+    def _to_watches(self, line_for: Callable[[_Watch], bytes | None]) -> None:
         for watch in self._watches:
-            line = line_for(watch.node)
+            line = line_for(watch)
             if line is not None:
                 watch.send.send_nowait(line)
 
@@ -599,15 +735,116 @@ def write_kubeconfig(
     return path
 
 
+def slice_endpoint(
+    *addresses: str,
+    node: str | None = None,
+    pod: str | None = None,
+    namespace: str = "gpu",
+    ready: bool | None = True,
+    serving: bool | None = None,
+    terminating: bool | None = None,
+) -> Json:
+    """One endpoint of an EndpointSlice, as the EndpointSlice controller writes it: a
+    condition given as None is left out (the API's nil); ``serving`` defaults to ``ready``
+    and ``terminating`` to false when neither is given."""
+    if serving is None and terminating is None:
+        serving, terminating = ready, False
+    conditions = {
+        name: value
+        for name, value in (("ready", ready), ("serving", serving), ("terminating", terminating))
+        if value is not None
+    }
+    endpoint: Json = {"addresses": list(addresses), "conditions": conditions}
+    if pod is not None:
+        endpoint["targetRef"] = {"kind": "Pod", "namespace": namespace, "name": pod, "uid": ""}
+    if node is not None:
+        endpoint["nodeName"] = node
+    return endpoint
+
+
+def slice_port(port: int | None, name: str = "", protocol: str = "TCP") -> Json:
+    """One port of an EndpointSlice (``port`` None: all ports)."""
+    return {"name": name, "protocol": protocol, **({"port": port} if port is not None else {})}
+
+
+_TYPE: dict[Kind, Json] = {
+    "pods": {"kind": "Pod", "apiVersion": "v1"},
+    "endpointslices": {"kind": "EndpointSlice", "apiVersion": "discovery.k8s.io/v1"},
+}
+_LIST_TYPE: dict[Kind, Json] = {
+    "pods": {"kind": "PodList", "apiVersion": "v1"},
+    "endpointslices": {"kind": "EndpointSliceList", "apiVersion": "discovery.k8s.io/v1"},
+}
+_DISCOVERY_GROUP: Json = {
+    "name": "discovery.k8s.io",
+    "versions": [{"groupVersion": "discovery.k8s.io/v1", "version": "v1"}],
+    "preferredVersion": {"groupVersion": "discovery.k8s.io/v1", "version": "v1"},
+}
+
+
+def _selection(req: RecordedRequest) -> tuple[Kind, Selects]:
+    """The collection a list or watch reads and what it selects; ValueError for a selector
+    this fake does not serve (answered 400, as an API server answers one it cannot parse)."""
+    if req.is_pods():
+        node = _node_of(req.query.get("fieldSelector", ""))
+        return "pods", lambda pod: _on_node(pod, node)
+    found = _SLICES_PATH.fullmatch(req.path)
+    assert found is not None
+    namespace = found.group(1)
+    if req.query.get("fieldSelector"):
+        raise ValueError(f'field label not supported here: "{req.query["fieldSelector"]}"')
+    matches = _label_selector(req.query.get("labelSelector", ""))
+
+    def selects(obj: Json | None) -> bool:
+        if obj is None:
+            return False
+        in_namespace = namespace is None or obj["metadata"]["namespace"] == namespace
+        return in_namespace and matches(obj["metadata"].get("labels") or {})
+
+    return "endpointslices", selects
+
+
+_TERM = re.compile(r"(!?)([^=!\s]+)(?:\s*(==|!=|=)\s*(\S*))?")
+
+
+def _label_selector(selector: str) -> Callable[[Mapping[str, str]], bool]:
+    """Equality-based terms only: ``k=v``, ``k==v``, ``k!=v``, ``k``, ``!k``."""
+    terms: list[tuple[bool, str, str | None, str]] = []
+    for term in filter(None, (t.strip() for t in selector.split(","))):
+        found = _TERM.fullmatch(term)
+        if found is None:
+            raise ValueError(f"unable to parse requirement: {term!r} (not served here)")
+        bang, key, op, value = found.groups()
+        terms.append((bool(bang), key, op, value or ""))
+
+    def matches(labels: Mapping[str, str]) -> bool:
+        for absent, key, op, value in terms:
+            if op is None and (key in labels) == absent:
+                return False
+            if op == "!=" and labels.get(key) == value:
+                return False
+            if op in ("=", "==") and labels.get(key) != value:
+                return False
+        return True
+
+    return matches
+
+
+def _pages_key(req: RecordedRequest, version: int) -> tuple[str, str, str, int]:
+    """Which list a page belongs to: the collection, its selectors, and its version."""
+    query = req.query
+    return (req.path, query.get("fieldSelector", ""), query.get("labelSelector", ""), version)
+
+
 def _on_node(pod: Json | None, node: str | None) -> bool:
     if pod is None:
         return False
     return node is None or pod["spec"].get("nodeName") == node
 
 
-def _render(change: _Change, node: str | None) -> bytes | None:
-    """The event a watch selecting ``node`` sees for ``change``, if any."""
-    was, now = _on_node(change.before, node), _on_node(change.after, node)
+def _render(change: _Change, selects: Selects) -> bytes | None:
+    """The event a watch selecting with ``selects`` sees for ``change``, if any."""
+    was, now = selects(change.before), selects(change.after)
     if was and now:
         return _line("MODIFIED", change.after)
     if now:
