@@ -199,6 +199,10 @@ class AgentsReading(msgspec.Struct, frozen=True, kw_only=True, tag="agents", omi
     taken_at: float
     period_s: float
     targets: tuple[AgentTarget, ...] = ()
+    error: str | None = None
+    """Why discovery is failing (the API or DNS does not answer, the port is on no
+    EndpointSlice), until it works again; ``targets`` and ``taken_at`` are then the last
+    set it found and when it last confirmed it."""
 
 
 AGENTS_SOURCE = "agents"

@@ -1,11 +1,15 @@
-"""The Kubernetes API: the watch of this node's pods (labels and phase), through kr8s.
+"""The Kubernetes API through kr8s: the watch of this node's pods (labels and phase), and
+the EndpointSlices a cluster scaler discovers its agents by.
 
-``wire`` decodes the list and watch format (sans-I/O), ``podset`` keeps the pods and
-paces the readings (pure), ``client`` is the one seam to kr8s and httpx (credentials,
-requests, errors translated), and ``pods`` is the actor that lists, then watches.
+``client`` is the one seam to kr8s and httpx (credentials, requests, errors translated);
+``listwatch`` is the engine that lists, then watches, one collection; ``wire`` decodes the
+list and watch format and the pods (sans-I/O), ``endpointslices`` the EndpointSlices and
+the agents they list (sans-I/O); ``store`` keeps the objects and paces the readings, and
+``podset`` the pods (pure); ``pods`` is the actor that publishes this node's pods.
 """
 
 from keda_gpu_scaler.sources.kube.client import SERVICE_ACCOUNT, KubeClient, KubeFailure, KubeGone
+from keda_gpu_scaler.sources.kube.listwatch import ListWatch, ListWatchStatistics, Resource
 from keda_gpu_scaler.sources.kube.pods import (
     DEFAULT_REFRESH_S,
     DEFAULT_REQUEST_TIMEOUT_S,
@@ -24,6 +28,9 @@ __all__ = [
     "KubeClient",
     "KubeFailure",
     "KubeGone",
+    "ListWatch",
+    "ListWatchStatistics",
     "PodWatchStatistics",
     "PodWatcher",
+    "Resource",
 ]

@@ -1,0 +1,104 @@
+"""Which nodes a cluster scaler hears from, and which it is missing.
+
+A cluster scaler's view is only whole when it hears every node agent. Two things tell it
+which nodes there are: discovery (EndpointSlices name the node of each agent; DNS and a
+static list do not) and the links themselves (an agent's stream names its node). The
+roster keeps, per node, when its agent was last heard, and answers the one rule of
+coverage:
+
+    heard now                                   present
+    not heard, and discovery lists an agent     missing, for as long as discovery lists it
+      on the node (ready or not)                (an agent that exists but does not answer)
+    not heard, and discovery stopped listing    forgotten at once (the agent was removed:
+      the node                                  a node drained or deleted)
+    not heard, discovery never listed it        missing for FORGET_AFTER_S (5 minutes)
+      (DNS, static: only the link knew it)      after it was last heard, then forgotten
+
+So a node whose agent is gone stays counted as missing for 5 minutes, or until discovery
+removes it, then is forgotten; and a node that discovery still lists is never forgotten,
+because forgetting it would make a partial view look whole.
+
+Pure: every update is given the time, :meth:`AgentRoster.update` returns a new roster.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field, replace
+from types import MappingProxyType
+
+from keda_gpu_scaler.domain.samples import AgentTarget
+
+FORGET_AFTER_S = 300.0
+"""How long a node only the links knew stays missing after its agent was last heard."""
+
+
+@dataclass(frozen=True, slots=True)
+class NodeSeen:
+    """What the roster knows of one node."""
+
+    heard: bool
+    """Its agent was heard at the last update."""
+    last_heard_at: float | None = None
+    """None: never heard (discovery listed it)."""
+    listed: bool = False
+    """Discovery lists an agent on it now."""
+    delisted: bool = False
+    """Discovery listed it, then stopped, while its agent was still heard."""
+
+
+_EMPTY: Mapping[str, NodeSeen] = MappingProxyType({})
+
+
+@dataclass(frozen=True, slots=True)
+class AgentRoster:
+    nodes: Mapping[str, NodeSeen] = field(default_factory=lambda: _EMPTY)
+
+    def update(
+        self,
+        *,
+        targets: Iterable[AgentTarget],
+        heard: Iterable[str],
+        now: float,
+        forget_after_s: float = FORGET_AFTER_S,
+    ) -> AgentRoster:
+        """The roster at ``now``: ``targets`` is discovery's current set (its nodes count,
+        ready or not; a target without a node names none), ``heard`` the nodes whose
+        links are heard now."""
+        listed = {target.node for target in targets if target.node}
+        heard_now = set(heard)
+        nodes: dict[str, NodeSeen] = {}
+        for node in sorted(self.nodes.keys() | listed | heard_now):
+            seen = _next(
+                self.nodes.get(node), node in listed, node in heard_now, now, forget_after_s
+            )
+            if seen is not None:
+                nodes[node] = seen
+        return AgentRoster(MappingProxyType(nodes))
+
+    def present(self) -> tuple[str, ...]:
+        """The nodes heard at the last update, sorted."""
+        return tuple(node for node, seen in sorted(self.nodes.items()) if seen.heard)
+
+    def missing(self) -> tuple[str, ...]:
+        """The nodes known and not heard at the last update, sorted."""
+        return tuple(node for node, seen in sorted(self.nodes.items()) if not seen.heard)
+
+
+def _next(
+    seen: NodeSeen | None, listed: bool, heard: bool, now: float, forget_after_s: float
+) -> NodeSeen | None:
+    """One node's entry after an update; None when it is forgotten."""
+    was_listed = seen is not None and (seen.listed or seen.delisted)
+    if heard:
+        return NodeSeen(
+            heard=True, last_heard_at=now, listed=listed, delisted=was_listed and not listed
+        )
+    if listed:
+        last = seen.last_heard_at if seen is not None else None
+        return NodeSeen(heard=False, last_heard_at=last, listed=True)
+    if seen is None or was_listed:
+        return None
+    if seen.last_heard_at is None or now - seen.last_heard_at >= forget_after_s:
+        return None
+    return replace(seen, heard=False)
