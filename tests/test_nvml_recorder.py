@@ -170,7 +170,8 @@ def test_a_recording_made_on_a_real_h200_replays() -> None:
 
 def test_a_frame_carries_every_field_of_a_reading() -> None:
     """A new GpuReading field must reach the trace, or recordings silently drop it."""
-    not_recorded = {"source", "key", "taken_at", "period_s"}
+    # ``node`` is the cluster scaler's: a recording is of one node.
+    not_recorded = {"source", "key", "taken_at", "period_s", "node"}
     in_frame = set(TraceFrame.__struct_fields__) | set(GpmFrame.__struct_fields__)
     assert set(GpuReading.__struct_fields__) - not_recorded <= in_frame
 
