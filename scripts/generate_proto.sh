@@ -1,9 +1,12 @@
 #!/usr/bin/env bash
-# Regenerate the betterproto2 code for KEDA's External Scaler contract and for the kubelet's
-# PodResources API.
-# Usage: scripts/generate_proto.sh [SERVING_OUT KUBELET_OUT]
-#   defaults: src/keda_gpu_scaler/serving/_proto and src/keda_gpu_scaler/sources/kubelet/_proto
-#   (give both or neither, so that a check writing elsewhere never touches the committed code)
+# Regenerate the betterproto2 code for KEDA's External Scaler contract, for the kubelet's
+# PodResources API and for the node agent's own stream (NodeAgent.WatchNode).
+# Usage: scripts/generate_proto.sh [SERVING_OUT KUBELET_OUT AGENT_OUT]
+#   defaults: src/keda_gpu_scaler/serving/_proto, src/keda_gpu_scaler/sources/kubelet/_proto
+#   and src/keda_gpu_scaler/_proto_agent (give all three or none, so that a check writing
+#   elsewhere never touches the committed code)
+# The node agent's stream is served by serving and read by sources.agents, which may not import
+# each other: its code is a package of its own, outside the layers.
 # Needs the dev or test extra (betterproto2-compiler, grpcio-tools, ruff) in the active environment.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -11,13 +14,15 @@ case $# in
   0)
     serving_out="$root/src/keda_gpu_scaler/serving/_proto"
     kubelet_out="$root/src/keda_gpu_scaler/sources/kubelet/_proto"
+    agent_out="$root/src/keda_gpu_scaler/_proto_agent"
     ;;
-  2)
+  3)
     serving_out=$1
     kubelet_out=$2
+    agent_out=$3
     ;;
   *)
-    echo "usage: $0 [SERVING_OUT KUBELET_OUT]" >&2
+    echo "usage: $0 [SERVING_OUT KUBELET_OUT AGENT_OUT]" >&2
     exit 2
     ;;
 esac
@@ -36,3 +41,4 @@ generate() {  # generate OUT PROTO: the server base too, which the kubelet fake 
 
 generate "$serving_out" "$root/protos/externalscaler.proto"
 generate "$kubelet_out" "$root/protos/kubelet/podresources/v1/api.proto"
+generate "$agent_out" "$root/protos/kedagpuscaler/v1/node_agent.proto"

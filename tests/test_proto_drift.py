@@ -9,14 +9,24 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import pytest
 
+from keda_gpu_scaler._proto_agent.kedagpuscaler.v1 import (
+    DeviceHolder,
+    DeviceReading,
+    DraDevice,
+    NodeUpdate,
+)
+from keda_gpu_scaler.domain import samples
 from keda_gpu_scaler.sources.kubelet._proto import v1
 
 ROOT = Path(__file__).resolve().parent.parent
 GENERATED = ROOT / "src" / "keda_gpu_scaler" / "serving" / "_proto"
 KUBELET_GENERATED = ROOT / "src" / "keda_gpu_scaler" / "sources" / "kubelet" / "_proto"
 KUBELET_PROTO = ROOT / "protos" / "kubelet" / "podresources" / "v1" / "api.proto"
+AGENT_GENERATED = ROOT / "src" / "keda_gpu_scaler" / "_proto_agent"
+AGENT_PROTO = ROOT / "protos" / "kedagpuscaler" / "v1" / "node_agent.proto"
 
 
 def _files(folder: Path) -> dict[str, bytes]:
@@ -28,29 +38,36 @@ def _files(folder: Path) -> dict[str, bytes]:
 
 
 def test_generated_code_matches_the_proto(tmp_path: Path) -> None:
-    serving, kubelet = tmp_path / "serving", tmp_path / "kubelet"
+    outs = [tmp_path / "serving", tmp_path / "kubelet", tmp_path / "agent"]
     env = {**os.environ, "PYTHON": sys.executable}
     subprocess.run(
-        ["bash", str(ROOT / "scripts" / "generate_proto.sh"), str(serving), str(kubelet)],
+        ["bash", str(ROOT / "scripts" / "generate_proto.sh"), *map(str, outs)],
         check=True,
         env=env,
         capture_output=True,
     )
+    serving, kubelet, agent = outs
     assert _files(serving) == _files(GENERATED), "run `make proto` and commit the result"
     assert _files(kubelet) == _files(KUBELET_GENERATED), "run `make proto` and commit the result"
+    assert _files(agent) == _files(AGENT_GENERATED), "run `make proto` and commit the result"
     assert "v1/__init__.py" in _files(kubelet)
+    assert "kedagpuscaler/v1/__init__.py" in _files(agent)
 
 
-def test_the_generator_refuses_one_output_folder_alone(tmp_path: Path) -> None:
+@pytest.mark.parametrize("given", [1, 2])
+def test_the_generator_refuses_some_output_folders_without_the_others(
+    tmp_path: Path, given: int
+) -> None:
+    folders = [tmp_path / name for name in ("serving", "kubelet")[:given]]
     done = subprocess.run(
-        ["bash", str(ROOT / "scripts" / "generate_proto.sh"), str(tmp_path / "only")],
+        ["bash", str(ROOT / "scripts" / "generate_proto.sh"), *map(str, folders)],
         env={**os.environ, "PYTHON": sys.executable},
         capture_output=True,
         text=True,
     )
     assert done.returncode == 2
     assert "usage:" in done.stderr
-    assert not (tmp_path / "only").exists()
+    assert not any(folder.exists() for folder in folders)
 
 
 def test_contract_keeps_keda_package_and_all_five_rpcs() -> None:
@@ -98,3 +115,48 @@ def test_kubelet_messages_keep_upstream_field_numbers(
     # betterproto2 messages are dataclasses; each field's metadata holds its number.
     fields = {f.name: f.metadata["betterproto"].number for f in dataclasses.fields(message)}
     assert fields == numbers
+
+
+def test_node_agent_proto_keeps_its_package_service_and_stream() -> None:
+    proto = AGENT_PROTO.read_text()
+    assert "package kedagpuscaler.v1;" in proto  # part of the method path
+    assert "service NodeAgent {" in proto
+    assert "rpc WatchNode(WatchNodeRequest) returns (stream NodeUpdate);" in proto
+    kinds = {f.name for f in dataclasses.fields(NodeUpdate)}
+    assert kinds == {"identity", "readings", "heartbeat"}
+
+
+def _proto_fields(message: type[Any]) -> dict[str, Any]:
+    return {f.name: f.metadata["betterproto"] for f in dataclasses.fields(message)}
+
+
+def test_every_reading_field_travels_and_what_may_be_absent_is_optional() -> None:
+    sent = _proto_fields(DeviceReading)
+    # What the receiver dates and names itself: the age replaces taken_at; source and node
+    # are the link's.
+    local = {"source", "taken_at", "node"}
+    reading = set(samples.GpuReading.__struct_fields__) - local
+    assert set(sent) - {"age_s"} == reading
+    defaults = dict(
+        zip(
+            samples.GpuReading.__struct_fields__[-len(samples.GpuReading.__struct_defaults__) :],
+            samples.GpuReading.__struct_defaults__,
+            strict=True,
+        )
+    )
+    for name in reading:
+        may_be_absent = defaults.get(name, msgspec.NODEFAULT) is None
+        assert sent[name].optional is may_be_absent, name
+
+
+@pytest.mark.parametrize(
+    ("message", "struct"),
+    [(DeviceHolder, samples.DeviceHolder), (DraDevice, samples.DraDevice)],
+)
+def test_attribution_messages_carry_every_field_of_their_samples(
+    message: type[Any], struct: type[msgspec.Struct]
+) -> None:
+    fields = _proto_fields(message)
+    assert set(fields) == set(struct.__struct_fields__)
+    optional = {name for name, meta in fields.items() if meta.optional}
+    assert optional == {"share_id"} & set(fields)
