@@ -378,6 +378,7 @@ async def _serve(args: argparse.Namespace) -> int:
             open_scaler(
                 source,
                 samplers=attribution,
+                node_name=args.node_name,
                 host=args.host,
                 port=args.port,
                 max_concurrent_streams=args.max_concurrent_streams,

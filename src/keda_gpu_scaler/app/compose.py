@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gc
 import logging
+import socket
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
@@ -27,6 +28,7 @@ from keda_gpu_scaler.pipeline.supervisor import Sampler, supervise
 from keda_gpu_scaler.pipeline.tap import Tap
 from keda_gpu_scaler.serving.decider import Decider
 from keda_gpu_scaler.serving.http import HttpServer, Route
+from keda_gpu_scaler.serving.node_agent import NodeAgentService
 from keda_gpu_scaler.serving.observability import SelfMetrics
 from keda_gpu_scaler.serving.probes import Readiness, grpc_health
 from keda_gpu_scaler.serving.routes import metrics_routes, probe_routes
@@ -144,6 +146,8 @@ class RunningScaler:
     """Bound port of /metrics and /debug/tap; None when disabled."""
     probe_port: int | None = None
     """Bound port of /healthz and /readyz; None when disabled."""
+    node_agent: NodeAgentService | None = None
+    """The WatchNode servicer on the gRPC port."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -191,8 +195,10 @@ async def open_scaler(
     health_check_interval_s: float = 10.0,
     engine_options: EngineOptions | None = None,
     samplers: Sequence[Sampler] = (),
+    node_name: str = "",
 ) -> AsyncIterator[RunningScaler]:
-    """Start the pipeline, the gRPC server (with gRPC health) and the HTTP endpoints.
+    """Start the pipeline, the gRPC server (with gRPC health and NodeAgent.WatchNode, which
+    names the node ``node_name``, the host name when empty) and the HTTP endpoints.
 
     ``metrics_port``/``probe_port``: None disables, 0 picks a free port, and one port may
     serve both. On exit, streams end with OK and everything stops.
@@ -219,13 +225,18 @@ async def open_scaler(
         streams = StreamRegistry(hub, decider)
         await background.start(streams.run)
         service = ExternalScalerService(decider, streams, metrics)
-        metrics.read_live(lambda: hub.current, lambda: streams.open_streams)
+        node_agent = NodeAgentService(hub, node_name or socket.gethostname(), telemetry=metrics)
+        metrics.read_live(
+            lambda: hub.current,
+            lambda: streams.open_streams,
+            agent_streams=lambda: node_agent.open_streams,
+        )
         readiness = Readiness(hub)
         health = grpc_health(service, readiness, interval_s=health_check_interval_s)
         server = ScalerServer(
             service,
             streams,
-            extra_handlers=[health],
+            extra_handlers=[health, node_agent],
             max_concurrent_streams=max_concurrent_streams,
         )
         bound = await server.start(host, port, ssl=ssl)
@@ -251,10 +262,12 @@ async def open_scaler(
                     engines=engines,
                     metrics_port=metrics_port,
                     probe_port=probe_port,
+                    node_agent=node_agent,
                 )
                 http.cancel_scope.cancel()
         finally:
             with anyio.CancelScope(shield=True):
+                await _end_agent_streams(node_agent)
                 await server.aclose()
             background.cancel_scope.cancel()
 
@@ -288,6 +301,19 @@ async def _start_http(
     if probe_port is not None:
         bound_probes = await tg.start(HttpServer(probes).serve, host, probe_port)
     return bound_metrics, bound_probes
+
+
+async def _end_agent_streams(
+    node_agent: NodeAgentService, *, grace_s: float = 1.0, drain_s: float = 0.3
+) -> None:
+    """WatchNode streams end with OK before the server closes (it ends KEDA's own), and
+    their clients get ``drain_s`` to read the trailers before the server's GOAWAY."""
+    were_open = node_agent.open_streams > 0
+    node_agent.begin_shutdown()
+    with anyio.move_on_after(grace_s):
+        await node_agent.wait_streams_ended()
+    if were_open:
+        await anyio.sleep(drain_s)
 
 
 async def _supervised(source: Sampler, send: MemoryObjectSendStream[Sample]) -> None:

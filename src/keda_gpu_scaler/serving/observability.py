@@ -101,9 +101,18 @@ class SelfMetrics:
         self._rpc_children: dict[tuple[str, str], Counter] = {}
         self._latency_children: dict[str, Histogram] = {}
 
-    def read_live(self, snapshot: Callable[[], Snapshot], open_streams: Callable[[], int]) -> None:
-        """Serve the live series from these views (called once, by the composition root)."""
-        self.registry.register(_LiveCollector(snapshot, open_streams, self.decisions, self._tap))
+    def read_live(
+        self,
+        snapshot: Callable[[], Snapshot],
+        open_streams: Callable[[], int],
+        *,
+        agent_streams: Callable[[], int] | None = None,
+    ) -> None:
+        """Serve the live series from these views (called once, by the composition root);
+        ``agent_streams`` counts open NodeAgent.WatchNode streams, where they are served."""
+        collector = _LiveCollector(snapshot, open_streams, self.decisions, self._tap)
+        collector.agent_streams = agent_streams
+        self.registry.register(collector)
 
     # -- Telemetry --------------------------------------------------------------------
 
@@ -174,6 +183,7 @@ class _LiveCollector(Collector):
         self._open_streams = open_streams
         self._decisions = decisions
         self._tap = tap
+        self.agent_streams: Callable[[], int] | None = None
 
     def describe(self) -> list[Metric]:
         return []
@@ -188,6 +198,12 @@ class _LiveCollector(Collector):
         streams = GaugeMetricFamily(f"{PREFIX}_open_streams", "open StreamIsActive streams")
         streams.add_metric([], self._open_streams())
         yield streams
+        if self.agent_streams is not None:
+            yield GaugeMetricFamily(
+                f"{PREFIX}_agent_streams",
+                "open WatchNode streams (cluster scalers reading this node agent)",
+                value=self.agent_streams(),
+            )
         if self._tap is not None:
             yield GaugeMetricFamily(
                 f"{PREFIX}_tap_subscribers", "debug tap readers", value=self._tap.subscribers
