@@ -271,6 +271,35 @@ SERVE_FLAGS = (
         gocli.positive_duration,
     ),
     Flag(
+        "--agents-tls-ca",
+        "AGENTS_TLS_CA",
+        "",
+        "CA bundle (PEM) that node agents' certificates must chain to, on a cluster scaler; "
+        "enables TLS to the agents (without it, a client certificate uses the system's CAs)",
+        _optional_path,
+    ),
+    Flag(
+        "--agents-tls-cert",
+        "AGENTS_TLS_CERT",
+        "",
+        "client certificate chain (PEM) a cluster scaler shows node agents (mutual TLS)",
+        _optional_path,
+    ),
+    Flag(
+        "--agents-tls-key",
+        "AGENTS_TLS_KEY",
+        "",
+        "private key of --agents-tls-cert (PEM, unencrypted)",
+        _optional_path,
+    ),
+    Flag(
+        "--agents-tls-server-name",
+        "AGENTS_TLS_SERVER_NAME",
+        "",
+        "name node agents' certificates are checked against (default: the address dialled, "
+        "a pod IP)",
+    ),
+    Flag(
         "--log-level",
         "LOG_LEVEL",
         "info",

@@ -27,3 +27,38 @@ __all__ = [
     "discovery_for",
     "parse_agents",
 ]
+
+# The link to each agent's NodeAgent.WatchNode stream: ``link`` the actor (grpclib),
+# ``updates`` the stream's rules and its updates as samples (sans-I/O), ``tls`` the client
+# side of TLS to the agents.
+from keda_gpu_scaler.sources.agents.link import (
+    DEFAULT_MAX_MESSAGE_BYTES,
+    AgentLink,
+    AgentLinkStatistics,
+    LinkFailed,
+)
+from keda_gpu_scaler.sources.agents.tls import (
+    AgentTlsConfig,
+    AgentTlsConfigError,
+    build_agent_client_context,
+)
+from keda_gpu_scaler.sources.agents.updates import (
+    BadUpdate,
+    StreamReader,
+    attribution_source,
+    readings_source,
+)
+
+__all__ += [
+    "DEFAULT_MAX_MESSAGE_BYTES",
+    "AgentLink",
+    "AgentLinkStatistics",
+    "AgentTlsConfig",
+    "AgentTlsConfigError",
+    "BadUpdate",
+    "LinkFailed",
+    "StreamReader",
+    "attribution_source",
+    "build_agent_client_context",
+    "readings_source",
+]

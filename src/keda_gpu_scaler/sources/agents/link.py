@@ -1,0 +1,350 @@
+"""AgentLink: the actor that reads one node agent's WatchNode stream on a cluster scaler.
+
+It connects (plaintext or TLS), calls ``WatchNode`` and publishes each update as samples
+(see :mod:`.updates`: node-qualified keys, dates on this process's clock). It never raises:
+whatever breaks the link is a :class:`SourceFault` naming the agent's address and the cause,
+logged once when the link starts failing and when the cause changes (not per retry), and the
+link connects again after :class:`Backoff`'s delay:
+
+- refused or unreachable, a TLS handshake refused, the stream reset or the connection lost;
+- an answer that is not OK (an agent too old to serve WatchNode: ``UNIMPLEMENTED``);
+- garbage: a message over ``max_message_bytes`` (refused from its length prefix, before it
+  is read), one that does not decode, or one that breaks the stream's rules;
+- silence: no identity within ``min_idle_s``, then nothing for ``max(5 heartbeats,
+  min_idle_s)`` (the identity names the heartbeat: a message at least that often, its
+  sample period and 1 s at least), which is an agent or a network that hangs; its readings
+  meanwhile go stale by the usual rule, since nothing refreshes them;
+- the agent ending the stream (status OK: it shuts down).
+
+grpclib has no limit on a received message's size and reads a whole message before handing
+it over, so the link reads the 5-byte gRPC prefix itself and refuses a length over the cap
+(``_recv_message``, through grpclib's client stream internals; grpclib is pinned). grpclib
+runs on asyncio only.
+"""
+
+from __future__ import annotations
+
+import logging
+import ssl
+from dataclasses import dataclass
+from ssl import SSLContext
+from typing import Any
+
+import anyio
+from anyio.abc import TaskStatus
+from anyio.streams.memory import MemoryObjectSendStream
+from grpclib.client import Channel
+from grpclib.client import Stream as ClientStream
+from grpclib.config import Configuration
+from grpclib.const import Cardinality, Status
+from grpclib.exceptions import GRPCError, ProtocolError, StreamTerminatedError
+from grpclib.metadata import decode_grpc_message
+
+from keda_gpu_scaler._proto_agent.kedagpuscaler.v1 import NodeUpdate, WatchNodeRequest
+from keda_gpu_scaler.domain.backoff import Backoff
+from keda_gpu_scaler.domain.errors import SourceFailure
+from keda_gpu_scaler.domain.samples import AgentTarget, Sample, SourceFault
+from keda_gpu_scaler.sources.agents.updates import BadUpdate, StreamReader, readings_source
+
+log = logging.getLogger(__name__)
+
+__all__ = [
+    "DEFAULT_MAX_MESSAGE_BYTES",
+    "DEFAULT_MIN_IDLE_S",
+    "IDLE_HEARTBEATS",
+    "WATCH_NODE",
+    "AgentLink",
+    "AgentLinkStatistics",
+    "LinkFailed",
+]
+
+WATCH_NODE = "/kedagpuscaler.v1.NodeAgent/WatchNode"
+DEFAULT_MAX_MESSAGE_BYTES = 1 << 20
+"""A node's update is a few KiB (eight GPUs, or 56 MIG instances, and their holders);
+1 MiB leaves room for any real node and bounds what a broken agent can make us hold."""
+DEFAULT_MIN_IDLE_S = 5.0
+IDLE_HEARTBEATS = 5
+_WINDOW_MIN = 1 << 16
+_WINDOW_MAX = 1 << 22
+
+
+class LinkFailed(SourceFailure):
+    """The link broke; ``detail`` says how (the fault adds the agent's address)."""
+
+    def __init__(self, detail: str) -> None:
+        self.detail = detail
+        super().__init__(detail)
+
+
+@dataclass(frozen=True, slots=True)
+class AgentLinkStatistics:
+    connects: int
+    """Streams that got as far as the agent's identity."""
+    updates: int
+    failures: int
+    last_update_at: float | None
+    node: str | None
+    failing: str | None
+    """Why the link is down (the latest cause); None while it streams."""
+
+
+@dataclass(slots=True)
+class _Counts:
+    connects: int = 0
+    updates: int = 0
+    failures: int = 0
+    last_update_at: float | None = None
+    failing: str | None = None
+    node: str | None = None
+    logged: str | None = None
+    """The cause last logged: the same one is not logged again until a long healthy stream."""
+    told_up: bool = False
+    """"Streaming" logged since the last failure logged."""
+    up_since: float | None = None
+    """When the current stream's identity came."""
+
+
+class AgentLink:
+    """Reads ``target``'s WatchNode stream until cancelled; satisfies ``Sampler``."""
+
+    def __init__(
+        self,
+        target: AgentTarget,
+        *,
+        ssl: SSLContext | None = None,
+        server_name: str = "",
+        max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
+        backoff: Backoff = Backoff(),  # noqa: B008 - a frozen value
+        min_idle_s: float = DEFAULT_MIN_IDLE_S,
+    ) -> None:
+        """``server_name`` is what the agent's certificate is checked against (default: the
+        host dialled). Raises ValueError naming a bad value."""
+        if max_message_bytes < 1:
+            raise ValueError(f"max_message_bytes must be at least 1, not {max_message_bytes}")
+        if not min_idle_s > 0:
+            raise ValueError(f"min_idle_s must be a positive number of seconds, not {min_idle_s}")
+        if server_name and ssl is None:
+            raise ValueError("a TLS server name without TLS")
+        self.target = target
+        self.address = target.address
+        self.name = readings_source(target.node or target.address)
+        """The source of its readings and faults: ``agent/<node>``, once the node is known
+        (from discovery, else from the stream's identity), ``agent/<address>`` before."""
+        self.max_message_bytes = max_message_bytes
+        self.backoff = backoff
+        self.min_idle_s = min_idle_s
+        self._ssl = ssl
+        window = min(max(max_message_bytes, _WINDOW_MIN), _WINDOW_MAX)
+        self._config = Configuration(
+            ssl_target_name_override=server_name or None,
+            http2_connection_window_size=window,
+            http2_stream_window_size=window,
+        )
+        self._counts = _Counts(node=target.node or None)
+
+    def statistics(self) -> AgentLinkStatistics:
+        c = self._counts
+        return AgentLinkStatistics(
+            c.connects, c.updates, c.failures, c.last_update_at, c.node, c.failing
+        )
+
+    async def run(
+        self,
+        send: MemoryObjectSendStream[Sample],
+        *,
+        task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED,
+    ) -> None:
+        """Stream, and after each break a fault and a delay, until cancelled."""
+        failures = 0
+        async with send:
+            task_status.started()
+            while True:
+                detail = await self._stream_once(send)
+                up_since, self._counts.up_since = self._counts.up_since, None
+                healthy = (
+                    up_since is not None
+                    and anyio.current_time() - up_since > self.backoff.maximum_s
+                )
+                if healthy:
+                    failures = 0  # a long healthy stream: the next break starts afresh
+                failures += 1
+                await send.send(self._failed(detail, after_healthy_stream=healthy))
+                await anyio.sleep(self.backoff.delay(failures))
+
+    async def _stream_once(self, send: MemoryObjectSendStream[Sample]) -> str:
+        """One connection, until it breaks; what broke it."""
+        channel = Channel(self.target.host, self.target.port, ssl=self._ssl, config=self._config)
+        try:
+            await self._watch(channel, send)
+        except LinkFailed as exc:
+            return exc.detail
+        except BadUpdate as exc:
+            return f"sent garbage: {exc}"
+        except GRPCError as exc:
+            said = f"{exc.status.name}: {exc.message}" if exc.message else exc.status.name
+            return f"answered {said}"
+        except ssl.SSLError as exc:  # before OSError: it is one
+            return f"TLS failed: {_ssl_reason(exc)}"
+        except (OSError, ProtocolError, StreamTerminatedError) as exc:
+            return _transport_detail(exc) + self._hint(exc)
+        finally:
+            channel.close()
+        return "the agent ended the stream (shutting down?)"
+
+    async def _watch(self, channel: Channel, send: MemoryObjectSendStream[Sample]) -> None:
+        reader = StreamReader(expected_node=self.target.node)
+        async with channel.request(
+            WATCH_NODE, Cardinality.UNARY_STREAM, WatchNodeRequest, NodeUpdate
+        ) as stream:
+            with anyio.move_on_after(self.min_idle_s) as opening:
+                await stream.send_message(WatchNodeRequest(), end=True)
+                await _recv_initial_metadata(stream)
+                update = await self._recv(stream)
+            if opening.cancelled_caught:
+                raise LinkFailed(f"no identity within {self.min_idle_s:g} s (hung?)")
+            while update is not None:
+                received_at = anyio.current_time()
+                samples = reader.receive(update, received_at)
+                if update.identity is not None:
+                    self._streaming(reader)
+                for sample in samples:
+                    await send.send(sample)
+                if update.readings is not None:
+                    self._counts.updates += 1
+                    self._counts.last_update_at = received_at
+                idle_s = max(IDLE_HEARTBEATS * (reader.heartbeat_s or 0.0), self.min_idle_s)
+                with anyio.move_on_after(idle_s) as waiting:
+                    update = await self._recv(stream)
+                if waiting.cancelled_caught:
+                    raise LinkFailed(f"no message for {idle_s:g} s (hung?)")
+            await stream.recv_trailing_metadata()  # raises GRPCError unless the status is OK
+
+    async def _recv(self, stream: ClientStream[Any, Any]) -> NodeUpdate | None:
+        data = await _recv_message(stream, self.max_message_bytes)
+        if data is None:
+            return None
+        try:
+            return NodeUpdate.parse(data)
+        except Exception as exc:  # betterproto2 raises whatever its parse met (EOFError, ...)
+            raise BadUpdate(f"a message that does not decode ({type(exc).__name__})") from exc
+
+    def _hint(self, exc: Exception) -> str:
+        """What a connection dropped before any answer usually means (an agent that refuses
+        the TLS settings closes it after the handshake, or never starts one)."""
+        lost = isinstance(exc, StreamTerminatedError | ConnectionResetError)
+        if not lost or self._counts.up_since is not None:
+            return ""
+        if self._ssl is None:
+            return ", before any answer: does the agent want TLS (--agents-tls-ca)?"
+        return (
+            ", before any answer: does the agent want a client certificate it trusts "
+            "(--agents-tls-cert, --agents-tls-key)?"
+        )
+
+    def _streaming(self, reader: StreamReader) -> None:
+        c = self._counts
+        c.connects += 1
+        c.node = reader.node
+        c.up_since = anyio.current_time()
+        if reader.node is not None:
+            self.name = readings_source(reader.node)
+        if not c.told_up:
+            log.info(
+                "agent link streaming",
+                extra={
+                    "agent": self.address,
+                    "node": reader.node,
+                    "agent_version": reader.agent_version,
+                    "sample_period_s": reader.period_s,
+                    "after_failure": c.failing,
+                },
+            )
+            c.told_up = True
+        c.failing = None
+
+    def _failed(self, detail: str, *, after_healthy_stream: bool) -> SourceFault:
+        c = self._counts
+        c.failures += 1
+        if after_healthy_stream:
+            c.logged = None
+        # Once when the link starts failing and when the cause changes, not every retry, even
+        # when each retry gets as far as the identity (an agent sending garbage after it).
+        if detail != c.logged:
+            log.warning(
+                "agent link failing", extra={"agent": self.address, "node": c.node, "error": detail}
+            )
+            c.logged = detail
+            c.told_up = False
+        c.failing = detail
+        return SourceFault(
+            source=self.name,
+            key=None,
+            at=anyio.current_time(),
+            reason=f"agent {self.address}: {detail}",
+        )
+
+
+async def _recv_initial_metadata(stream: ClientStream[Any, Any]) -> None:
+    """As grpclib's, but an answer without a content type (grpclib's own "method not found",
+    an agent too old for WatchNode) is named by its status, not as a missing header."""
+    try:
+        await stream.recv_initial_metadata()
+    except GRPCError as exc:
+        headers = dict(stream._stream.headers or ())
+        status = headers.get("grpc-status")
+        if exc.status is not Status.UNKNOWN or status is None or not status.isdigit():
+            raise
+        try:
+            said = Status(int(status))
+        except ValueError:
+            raise exc from None
+        message = headers.get("grpc-message")
+        raise GRPCError(said, None if message is None else decode_grpc_message(message)) from exc
+
+
+async def _recv_message(stream: ClientStream[Any, Any], max_bytes: int) -> bytes | None:
+    """The next message's bytes, None at the end of the stream; refuses one over
+    ``max_bytes`` from its length prefix, before reading it.
+
+    grpclib's own ``recv_message`` reads any length the prefix announces. This reads the
+    same buffer (``stream._stream``) under the same wrapper (``stream._wrapper``, which turns
+    a reset or a lost connection into ``StreamTerminatedError``)."""
+    try:
+        with stream._wrapper:
+            prefix = await stream._stream.recv_data(5)
+        if not prefix:
+            return None
+        if prefix[0]:
+            raise BadUpdate("a compressed message, though none was asked for")
+        length = int.from_bytes(prefix[1:], "big")
+        if length > max_bytes:
+            raise BadUpdate(f"a message of {length} bytes, over the cap of {max_bytes} bytes")
+        with stream._wrapper:
+            return await stream._stream.recv_data(length)
+    except AssertionError as exc:  # grpclib's buffer: the stream ended inside a message
+        raise LinkFailed("the stream ended inside a message") from exc
+
+
+_OS_HINTS: tuple[tuple[type[OSError], str], ...] = (
+    (ConnectionRefusedError, "connection refused (no agent listening there?)"),
+    (ConnectionResetError, "connection reset by the agent"),
+    (TimeoutError, "timed out"),
+)
+
+
+def _transport_detail(exc: Exception) -> str:
+    for kind, hint in _OS_HINTS:
+        if isinstance(exc, kind):
+            return hint
+    if isinstance(exc, OSError):
+        return f"cannot connect: {exc.strerror or exc}"
+    if isinstance(exc, StreamTerminatedError):
+        return f"the stream broke ({exc})"
+    return f"the connection broke ({type(exc).__name__}: {exc})"
+
+
+def _ssl_reason(exc: ssl.SSLError) -> str:
+    verify = getattr(exc, "verify_message", None)
+    if verify:
+        return f"the agent's certificate is refused: {verify}"
+    return str(exc.reason or exc).replace("_", " ").lower()

@@ -1,0 +1,275 @@
+"""One WatchNode stream, received: the rules it must keep, and its updates as samples.
+
+Sans-I/O: :class:`StreamReader` takes each decoded ``NodeUpdate`` with the cluster's clock
+at receipt and returns the samples to publish, or raises :class:`BadUpdate` naming what the
+agent got wrong. The rules:
+
+- the first message is the agent's identity, and the only one: a second identity (the same
+  name or another) is refused, as is one naming another node than discovery found;
+- every message has exactly one kind (identity, readings, heartbeat): an empty message is
+  what garbage decodes to, and a newer agent sends new kinds only to a client that asks;
+- ages and periods are finite, ages not negative, periods positive; device keys are
+  present and unique; an attribution that says "same holders" follows one that had them.
+
+Clocks: a reading's ``taken_at`` is the receipt time minus the age the agent sent, on the
+cluster's clock, so an agent whose clock is hours off is read as fresh as it is.
+
+Names: readings are published as ``agent/<node>`` with keys ``<node>/<agent's key>``; the
+attribution as ``agent/<node>/pod-resources``, and the agent's PodResources faults with it.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass
+from typing import Any
+
+from keda_gpu_scaler._proto_agent.kedagpuscaler.v1 import (
+    Attribution,
+    DeviceReading,
+    NodeIdentity,
+    NodeReadings,
+    NodeUpdate,
+)
+from keda_gpu_scaler.domain.errors import SourceFailure
+from keda_gpu_scaler.domain.samples import (
+    POD_RESOURCES_SOURCE,
+    Batch,
+    DeviceHolder,
+    DeviceKey,
+    DraDevice,
+    GpuReading,
+    PodResourcesReading,
+    SourceFault,
+    finite_or_none,
+)
+
+__all__ = [
+    "BadUpdate",
+    "StreamReader",
+    "attribution_source",
+    "readings_source",
+]
+
+_FLOAT_READINGS = (
+    "gpu_utilization",
+    "memory_utilization",
+    "temperature_c",
+    "power_mw",
+    "power_limit_mw",
+    "sm_clock_mhz",
+    "pcie_tx_kbps",
+    "pcie_rx_kbps",
+    "nvlink_tx_mbps",
+    "nvlink_rx_mbps",
+    "sm_active",
+    "sm_occupancy",
+    "tensor_active",
+    "dram_bw_util",
+)
+_OTHER_READINGS = (
+    "memory_used_bytes",
+    "memory_total_bytes",
+    "memory_reserved_bytes",
+    "parent_index",
+    "parent_uuid",
+    "gpu_instance_id",
+    "compute_instance_id",
+)
+# Kubernetes node names are RFC 1123 subdomains; an agent falling back to its host name may
+# send capitals or underscores. Never "/", which separates the node from the key.
+_NODE_NAME = re.compile(r"[A-Za-z0-9]([-A-Za-z0-9_.]{0,251}[A-Za-z0-9])?")
+
+
+class BadUpdate(SourceFailure):
+    """The agent sent something this link cannot use; the message says what."""
+
+
+def readings_source(node: str) -> str:
+    return f"agent/{node}"
+
+
+def attribution_source(node: str) -> str:
+    return f"agent/{node}/{POD_RESOURCES_SOURCE}"
+
+
+@dataclass(slots=True)
+class StreamReader:
+    """The receiving end of one stream; ``expected_node`` is discovery's word, "" if none."""
+
+    expected_node: str = ""
+    node: str | None = None
+    period_s: float | None = None
+    """The agent's sample period, once its identity came."""
+    heartbeat_s: float | None = None
+    """How often at least the agent promises a message, once its identity came."""
+    agent_version: str = ""
+    _lists: tuple[tuple[DeviceHolder, ...], tuple[DraDevice, ...]] | None = None
+
+    def receive(
+        self, update: NodeUpdate, received_at: float
+    ) -> tuple[PodResourcesReading | Batch, ...]:
+        """The samples ``update`` stands for (none for an identity or a heartbeat)."""
+        kinds = [
+            kind
+            for kind, value in (
+                ("identity", update.identity),
+                ("readings", update.readings),
+                ("heartbeat", update.heartbeat),
+            )
+            if value is not None
+        ]
+        if len(kinds) != 1:
+            raise BadUpdate("a message with no known kind of update in it (garbage?)")
+        if update.identity is not None:
+            self._identify(update.identity)
+            return ()
+        if self.node is None:
+            raise BadUpdate(f"the first message is {kinds[0]}, not the agent's identity")
+        if update.readings is None:
+            return ()
+        return self._samples(self.node, update.readings, received_at)
+
+    def _identify(self, identity: NodeIdentity) -> None:
+        name = identity.node_name
+        if self.node is not None:
+            if name != self.node:
+                raise BadUpdate(f"the node name changed mid-stream, from {self.node} to {name!r}")
+            raise BadUpdate("a second identity on one stream")
+        if not _NODE_NAME.fullmatch(name):
+            raise BadUpdate(f"the identity names no usable node: {name!r}")
+        if self.expected_node and name != self.expected_node:
+            raise BadUpdate(
+                f"the agent says it is node {name}, discovery found it on {self.expected_node}"
+            )
+        self.period_s = _positive(identity.sample_period_s, "sample_period_s")
+        self.heartbeat_s = _positive(identity.heartbeat_s, "heartbeat_s")
+        self.node = name
+        self.agent_version = identity.agent_version
+
+    def _samples(
+        self, node: str, readings: NodeReadings, received_at: float
+    ) -> tuple[PodResourcesReading | Batch, ...]:
+        source = readings_source(node)
+        samples: list[GpuReading | SourceFault] = []
+        seen: set[str] = set()
+        for device in readings.devices:
+            _check_key(device.key, seen)
+            samples.append(_reading(device, node, source, received_at))
+        for lost in readings.lost:
+            _check_key(lost.key, seen)
+            samples.append(
+                SourceFault(
+                    source=source,
+                    key=DeviceKey(f"{node}/{lost.key}"),
+                    at=received_at - _age(lost.lost_for_s, "lost_for_s"),
+                    reason=lost.reason,
+                    index=lost.index,
+                    lost=True,
+                )
+            )
+        attribution_faults: list[SourceFault | GpuReading] = []
+        for fault in readings.faults:
+            own = fault.source == POD_RESOURCES_SOURCE
+            kept = attribution_faults if own else samples
+            kept.append(
+                SourceFault(
+                    source=attribution_source(node) if own else source,
+                    key=None,
+                    at=received_at - _age(fault.age_s, "a fault's age_s"),
+                    reason=f"{fault.source} on node {node}: {fault.reason}",
+                )
+            )
+        out: list[PodResourcesReading | Batch] = []
+        if readings.attribution is not None:
+            out.append(self._attribution(node, readings.attribution, received_at))
+        out.append(Batch(source=source, samples=(*samples, *attribution_faults)))
+        return tuple(out)
+
+    def _attribution(
+        self, node: str, attribution: Attribution, received_at: float
+    ) -> PodResourcesReading:
+        if attribution.same_holders:
+            if self._lists is None:
+                raise BadUpdate("an attribution with the same holders as none before it")
+            holders, dra = self._lists
+        else:
+            holders, dra = _holders(attribution), _dra(attribution)
+            self._lists = (holders, dra)
+        return PodResourcesReading(
+            source=attribution_source(node),
+            node=node,
+            taken_at=received_at - _age(attribution.age_s, "the attribution's age_s"),
+            period_s=_positive(attribution.period_s, "the attribution's period_s"),
+            holders=holders,
+            dra=dra,
+        )
+
+
+def _reading(device: DeviceReading, node: str, source: str, received_at: float) -> GpuReading:
+    floats: dict[str, Any] = {n: finite_or_none(getattr(device, n)) for n in _FLOAT_READINGS}
+    others: dict[str, Any] = {n: getattr(device, n) for n in _OTHER_READINGS}
+    return GpuReading(
+        source=source,
+        key=DeviceKey(f"{node}/{device.key}"),
+        index=device.index,
+        uuid=device.uuid,
+        name=device.name,
+        taken_at=received_at - _age(device.age_s, f"{device.key}'s age_s"),
+        period_s=_positive(device.period_s, f"{device.key}'s period_s"),
+        mig_enabled=device.mig_enabled,
+        node=node,
+        **floats,
+        **others,
+    )
+
+
+def _holders(attribution: Attribution) -> tuple[DeviceHolder, ...]:
+    return tuple(
+        DeviceHolder(
+            namespace=h.namespace,
+            pod=h.pod,
+            container=h.container,
+            resource=h.resource,
+            device_id=h.device_id,
+        )
+        for h in attribution.holders
+    )
+
+
+def _dra(attribution: Attribution) -> tuple[DraDevice, ...]:
+    return tuple(
+        DraDevice(
+            namespace=d.namespace,
+            pod=d.pod,
+            container=d.container,
+            claim_namespace=d.claim_namespace,
+            claim_name=d.claim_name,
+            driver=d.driver,
+            pool=d.pool,
+            device=d.device,
+            share_id=d.share_id,
+        )
+        for d in attribution.dra
+    )
+
+
+def _check_key(key: str, seen: set[str]) -> None:
+    if not key:
+        raise BadUpdate("a device without a key")
+    if key in seen:
+        raise BadUpdate(f"device {key} twice in one update")
+    seen.add(key)
+
+
+def _age(value: float, what: str) -> float:
+    if not (math.isfinite(value) and value >= 0):
+        raise BadUpdate(f"{what} {value!r} is not a number of seconds >= 0")
+    return value
+
+
+def _positive(value: float, what: str) -> float:
+    if not (math.isfinite(value) and value > 0):
+        raise BadUpdate(f"{what} {value!r} is not a positive number of seconds")
+    return value

@@ -1,0 +1,708 @@
+"""AgentLink: a cluster scaler's link to one node agent's WatchNode stream.
+
+The stream's rules first (sans-I/O), then the link against real agents over real sockets on
+127.0.0.1: the node agent itself, the WatchNode servicer on a hub the test feeds (an agent
+clock hours off), and fake agents that die, hang, or send garbage. Backoff and idle limits
+are short, real time, and waits are for events.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import ssl
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+from anyio.abc import TaskGroup
+from anyio.streams.memory import MemoryObjectReceiveStream
+
+from keda_gpu_scaler._proto_agent.kedagpuscaler.v1 import (
+    Attribution,
+    DeviceHolder,
+    DeviceReading,
+    Heartbeat,
+    LostDevice,
+    NodeIdentity,
+    NodeReadings,
+    NodeUpdate,
+    SourceFault,
+)
+from keda_gpu_scaler.app.compose import open_scaler
+from keda_gpu_scaler.domain.backoff import Backoff
+from keda_gpu_scaler.domain.samples import (
+    AgentTarget,
+    Batch,
+    DeviceKey,
+    GpuReading,
+    PodResourcesReading,
+    Sample,
+)
+from keda_gpu_scaler.domain.samples import SourceFault as Fault
+from keda_gpu_scaler.domain.snapshot import stale_limit_s
+from keda_gpu_scaler.pipeline.hub import SnapshotHub
+from keda_gpu_scaler.pipeline.state import fold
+from keda_gpu_scaler.serving.tls import ReloadingTlsContext, TlsConfig
+from keda_gpu_scaler.sources.agents import (
+    AgentLink,
+    AgentTlsConfig,
+    AgentTlsConfigError,
+    BadUpdate,
+    StreamReader,
+    build_agent_client_context,
+)
+from keda_gpu_scaler.sources.fake import FakeGpuSource
+from keda_gpu_scaler.testing import open_test_pipeline
+from tests.fake_agent import (
+    FakeAttribution,
+    hanging_agent,
+    holder,
+    identity,
+    readings,
+    scripted_agent,
+    serve_agent,
+    serving_nothing,
+)
+from tests.loopback import loopback_scaler
+from tests.test_tls import SERVICE_NAMES, Authority, Identity
+from tests.waiting import wait_until
+
+NODE = "gpu-node-1"
+FAST = Backoff(initial_s=0.05, factor=2.0, maximum_s=0.2)
+
+
+# --- the stream's rules, sans-I/O -------------------------------------------------------------
+
+
+def _identity(node: str = NODE, period_s: float = 1.0, heartbeat_s: float = 1.0) -> NodeUpdate:
+    return NodeUpdate(
+        identity=NodeIdentity(node_name=node, sample_period_s=period_s, heartbeat_s=heartbeat_s)
+    )
+
+
+def _device(key: str = "GPU-aaa", **fields: Any) -> DeviceReading:
+    values: dict[str, Any] = {
+        "index": 0,
+        "uuid": key,
+        "name": "H200",
+        "age_s": 0.5,
+        "period_s": 1.0,
+    }
+    return DeviceReading(key=key, **{**values, **fields})
+
+
+def _readings(*devices: DeviceReading, **fields: Any) -> NodeUpdate:
+    return NodeUpdate(readings=NodeReadings(devices=list(devices), **fields))
+
+
+def _identified(node: str = NODE) -> StreamReader:
+    reader = StreamReader()
+    assert reader.receive(_identity(node), 0.0) == ()
+    return reader
+
+
+def test_readings_get_node_qualified_keys_and_dates_on_the_receivers_clock() -> None:
+    reader = _identified()
+    received_at = 1000.0
+    [batch] = reader.receive(
+        _readings(_device(gpu_utilization=0.0, memory_used_bytes=7, age_s=0.25)), received_at
+    )
+    assert isinstance(batch, Batch)
+    assert batch.source == "agent/gpu-node-1"
+    [reading] = batch.samples
+    assert isinstance(reading, GpuReading)
+    assert (reading.key, reading.node, reading.uuid, reading.source) == (
+        "gpu-node-1/GPU-aaa",
+        NODE,
+        "GPU-aaa",
+        "agent/gpu-node-1",
+    )
+    assert reading.taken_at == received_at - 0.25
+    assert (reading.gpu_utilization, reading.memory_used_bytes) == (0.0, 7)
+    assert reading.power_mw is None and reading.parent_index is None  # absent stays absent
+
+
+def test_lost_devices_faults_and_attribution_become_their_samples() -> None:
+    reader = _identified()
+    update = _readings(
+        lost=[LostDevice(key="GPU-bbb", index=1, reason="fell off the bus", lost_for_s=3.0)],
+        faults=[
+            SourceFault(source="nvml", reason="driver gone", age_s=1.0),
+            SourceFault(source="pod-resources", reason="no socket", age_s=2.0),
+        ],
+        attribution=Attribution(
+            age_s=0.5,
+            period_s=5.0,
+            holders=[
+                DeviceHolder(
+                    namespace="ml",
+                    pod="p",
+                    container="c",
+                    resource="nvidia.com/gpu",
+                    device_id="GPU-aaa",
+                )
+            ],
+        ),
+    )
+    attribution, batch = reader.receive(update, 100.0)
+    assert isinstance(attribution, PodResourcesReading) and isinstance(batch, Batch)
+    assert (attribution.source, attribution.node, attribution.taken_at, attribution.period_s) == (
+        "agent/gpu-node-1/pod-resources",
+        NODE,
+        99.5,
+        5.0,
+    )
+    assert [(h.pod, h.device_id) for h in attribution.holders] == [("p", "GPU-aaa")]
+    lost, gpu_fault, kubelet_fault = batch.samples
+    assert lost == Fault(
+        source="agent/gpu-node-1",
+        key=DeviceKey("gpu-node-1/GPU-bbb"),
+        at=97.0,
+        reason="fell off the bus",
+        index=1,
+        lost=True,
+    )
+    assert isinstance(gpu_fault, Fault) and isinstance(kubelet_fault, Fault)
+    assert (gpu_fault.source, gpu_fault.key, gpu_fault.at) == ("agent/gpu-node-1", None, 99.0)
+    assert gpu_fault.reason == "nvml on node gpu-node-1: driver gone"
+    assert kubelet_fault.source == "agent/gpu-node-1/pod-resources"
+    # Same holders again: the link keeps the lists it had.
+    again = _readings(attribution=Attribution(age_s=0.1, period_s=5.0, same_holders=True))
+    repeated, _ = reader.receive(again, 105.0)
+    assert isinstance(repeated, PodResourcesReading)
+    assert repeated.holders == attribution.holders and repeated.taken_at == 104.9
+
+
+def test_heartbeats_and_an_empty_node_are_not_garbage() -> None:
+    reader = _identified()
+    assert reader.receive(NodeUpdate(heartbeat=Heartbeat()), 1.0) == ()
+    [batch] = reader.receive(_readings(), 2.0)
+    assert isinstance(batch, Batch) and batch.samples == ()
+
+
+@pytest.mark.parametrize(
+    ("updates", "message"),
+    [
+        ([NodeUpdate()], "no known kind of update"),
+        ([_readings(_device())], "the first message is readings, not the agent's identity"),
+        ([NodeUpdate(heartbeat=Heartbeat())], "the first message is heartbeat"),
+        ([_identity(), _identity("gpu-node-2")], "node name changed mid-stream, from gpu-node-1"),
+        ([_identity(), _identity()], "a second identity"),
+        ([_identity("")], "names no usable node: ''"),
+        ([_identity("a/b")], "names no usable node: 'a/b'"),
+        ([_identity(period_s=0.0)], "sample_period_s 0.0 is not a positive"),
+        ([_identity(period_s=math.nan)], "sample_period_s nan"),
+        ([_identity(heartbeat_s=0.0)], "heartbeat_s 0.0 is not a positive"),
+        ([_identity(), _readings(_device(age_s=-1.0))], "GPU-aaa's age_s -1.0 is not"),
+        ([_identity(), _readings(_device(age_s=math.inf))], "GPU-aaa's age_s inf"),
+        ([_identity(), _readings(_device(period_s=0.0))], "GPU-aaa's period_s 0.0"),
+        ([_identity(), _readings(_device(key=""))], "a device without a key"),
+        ([_identity(), _readings(_device(), _device())], "device GPU-aaa twice"),
+        (
+            [_identity(), _readings(attribution=Attribution(period_s=5.0, same_holders=True))],
+            "same holders as none before it",
+        ),
+    ],
+)
+def test_a_stream_that_breaks_its_rules_is_refused_with_the_reason(
+    updates: list[NodeUpdate], message: str
+) -> None:
+    reader = StreamReader()
+    *accepted, refused = updates
+    for update in accepted:
+        reader.receive(update, 0.0)
+    with pytest.raises(BadUpdate) as caught:
+        reader.receive(refused, 0.0)
+    assert message in str(caught.value)
+
+
+def test_an_identity_must_match_the_node_discovery_found() -> None:
+    with pytest.raises(
+        BadUpdate, match="says it is node gpu-node-2, discovery found it on gpu-node-1"
+    ):
+        StreamReader(expected_node=NODE).receive(_identity("gpu-node-2"), 0.0)
+    assert StreamReader(expected_node=NODE).receive(_identity(NODE), 0.0) == ()
+
+
+# --- a link, running ----------------------------------------------------------------------------
+
+
+@dataclass
+class Running:
+    link: AgentLink
+    receive: MemoryObjectReceiveStream[Sample]
+    samples: list[Sample] = field(default_factory=list)
+
+    async def next_batch(self, timeout_s: float = 5.0) -> Batch:
+        return await self.next(lambda s: isinstance(s, Batch), timeout_s)  # type: ignore[return-value]
+
+    async def next_fault(self, timeout_s: float = 5.0) -> Fault:
+        found = await self.next(lambda s: isinstance(s, Fault) and s.key is None, timeout_s)
+        assert isinstance(found, Fault)
+        return found
+
+    async def next(self, wanted: Callable[[Sample], bool], timeout_s: float = 5.0) -> Sample:
+        with anyio.fail_after(timeout_s):
+            async for sample in self.receive:
+                self.samples.append(sample)
+                if wanted(sample):
+                    return sample
+        raise AssertionError("the link stopped")
+
+
+@asynccontextmanager
+async def running_link(link: AgentLink) -> AsyncIterator[Running]:
+    send, receive = anyio.create_memory_object_stream[Sample](1000)
+    async with anyio.create_task_group() as tg, receive:
+        await tg.start(link.run, send)
+        try:
+            yield Running(link, receive)
+        finally:
+            tg.cancel_scope.cancel()
+
+
+def _link(target: AgentTarget, **options: Any) -> AgentLink:
+    return AgentLink(target, **{"backoff": FAST, "min_idle_s": 0.3, **options})
+
+
+def _failing_logs(caplog: pytest.LogCaptureFixture) -> list[str]:
+    return [r.__dict__["error"] for r in caplog.records if r.getMessage() == "agent link failing"]
+
+
+@pytest.fixture
+def link_logs(caplog: pytest.LogCaptureFixture) -> pytest.LogCaptureFixture:
+    caplog.set_level(logging.INFO, logger="keda_gpu_scaler.sources.agents.link")
+    return caplog
+
+
+@pytest.mark.anyio
+async def test_readings_from_a_real_node_agent_arrive_with_node_qualified_keys(
+    fake_gpus: FakeGpuSource,
+) -> None:
+    kubelet = FakeAttribution([holder("llm-0", "GPU-fake-0000")])
+    async with loopback_scaler(fake_gpus, node_name=NODE, samplers=[kubelet]) as agent:
+        await agent.hub.wait_newer(0)
+        async with running_link(_link(AgentTarget(host="127.0.0.1", port=agent.port))) as running:
+            batch = await running.next_batch()
+            received_at = anyio.current_time()
+            attribution = await running.next(lambda s: isinstance(s, PodResourcesReading))
+    assert batch.source == "agent/gpu-node-1"
+    busy, idle = (s for s in batch.samples if isinstance(s, GpuReading))
+    assert (busy.key, idle.key) == ("gpu-node-1/GPU-fake-0000", "gpu-node-1/GPU-fake-0001")
+    assert (busy.node, busy.index, busy.gpu_utilization, busy.sm_active) == (NODE, 0, 87.0, 55.0)
+    assert idle.sm_active == 0.0 and idle.nvlink_tx_mbps is None
+    assert received_at - 0.5 < busy.taken_at <= received_at
+    assert isinstance(attribution, PodResourcesReading)
+    assert (attribution.source, attribution.node) == ("agent/gpu-node-1/pod-resources", NODE)
+    assert [h.pod for h in attribution.holders] == ["llm-0"]
+    stats = running.link.statistics()
+    assert (stats.connects, stats.node, stats.failing) == (1, NODE, None)
+
+
+@pytest.mark.anyio
+async def test_an_agent_clock_hours_off_changes_nothing_on_the_cluster() -> None:
+    hours = 5 * 3600.0
+
+    def agent_clock() -> float:  # the agent's monotonic clock: hours ahead of ours
+        return anyio.current_time() + hours
+
+    hub = SnapshotHub()
+    now = agent_clock()
+    fresh = _gpu("GPU-fresh", taken_at=now - 0.25)
+    old = _gpu("GPU-old", taken_at=now - 10.0, index=1)
+    hub.publish(fold(hub.current, [Batch(source="nvml", samples=(fresh, old))], now))
+    async with (
+        serve_agent(hub, NODE, clock=agent_clock) as agent,
+        open_test_pipeline(_link(agent.target)) as cluster,
+    ):
+        await wait_until(lambda: len(cluster.hub.current.devices) == 2)
+        snapshot = cluster.hub.current
+        cluster_now = anyio.current_time()
+    f, o = (
+        snapshot.devices[DeviceKey("gpu-node-1/GPU-fresh")],
+        snapshot.devices[DeviceKey("gpu-node-1/GPU-old")],
+    )
+    assert f.reading is not None and o.reading is not None
+    # Freshness depends only on the age sent and the receipt time, on this clock.
+    assert 0.25 <= cluster_now - f.reading.taken_at < 0.25 + 0.5
+    assert 10.0 <= cluster_now - o.reading.taken_at < 10.0 + 0.5
+    assert not f.is_stale(cluster_now) and o.is_stale(cluster_now)
+    assert abs(f.reading.taken_at - fresh.taken_at) > hours - 1  # not the agent's timestamps
+
+
+def _gpu(key: str, *, taken_at: float, index: int = 0, period_s: float = 1.0) -> GpuReading:
+    return GpuReading(
+        source="nvml",
+        key=DeviceKey(key),
+        index=index,
+        uuid=key,
+        name="H200",
+        taken_at=taken_at,
+        period_s=period_s,
+        gpu_utilization=50.0,
+    )
+
+
+@pytest.mark.anyio
+async def test_an_agent_shut_down_then_restarted_on_its_port_is_read_again(
+    fake_gpus: FakeGpuSource, link_logs: pytest.LogCaptureFixture
+) -> None:
+    async with anyio.create_task_group() as tg:
+        first = await _start_agent(tg, fake_gpus, port=0)
+        link = _link(AgentTarget(host="127.0.0.1", port=first.port))
+        async with running_link(link) as running:
+            await running.next_batch()
+            await first.stop()  # streams end with OK, then the port closes
+            faults = [await running.next_fault()]
+            while "refused" not in faults[-1].reason:
+                faults.append(await running.next_fault())
+            faults.append(await running.next_fault())  # refused again, after a longer delay
+            second = await _start_agent(tg, fake_gpus, port=first.port)
+            batch = await running.next_batch()
+            stats = link.statistics()
+            logged = _failing_logs(link_logs)
+            await second.stop()
+    ended, refused = faults[0], faults[-1]
+    assert ended.source == "agent/gpu-node-1"
+    assert ended.reason == (
+        f"agent 127.0.0.1:{first.port}: the agent ended the stream (shutting down?)"
+    )
+    assert refused.reason == (
+        f"agent 127.0.0.1:{first.port}: connection refused (no agent listening there?)"
+    )
+    assert batch.source == "agent/gpu-node-1" and batch.samples
+    assert stats.connects == 2 and stats.failures == len(faults) and stats.failing is None
+    # One line per cause, not one per retry.
+    assert logged == [
+        "the agent ended the stream (shutting down?)",
+        "connection refused (no agent listening there?)",
+    ]
+
+
+@dataclass
+class _Agent:
+    port: int
+    stop_event: anyio.Event
+    stopped: anyio.Event
+
+    async def stop(self) -> None:
+        self.stop_event.set()
+        await self.stopped.wait()
+
+
+async def _start_agent(tg: TaskGroup, source: FakeGpuSource, *, port: int) -> _Agent:
+    """A node agent in a task of its own, so that a test can stop it and start another."""
+    started: list[int] = []
+    ready, stop, stopped = anyio.Event(), anyio.Event(), anyio.Event()
+
+    async def serve() -> None:
+        try:
+            async with open_scaler(source, host="127.0.0.1", port=port, node_name=NODE) as agent:
+                await agent.hub.wait_newer(0)
+                started.append(agent.port)
+                ready.set()
+                await stop.wait()
+        finally:
+            stopped.set()
+
+    tg.start_soon(serve)
+    await ready.wait()
+    return _Agent(started[0], stop, stopped)
+
+
+@pytest.mark.anyio
+async def test_an_agent_killed_mid_stream_is_a_fault_and_a_reconnect(
+    link_logs: pytest.LogCaptureFixture,
+) -> None:
+    hub = SnapshotHub()
+    now = anyio.current_time()
+    hub.publish(fold(hub.current, [_gpu("GPU-a", taken_at=now)], now))
+    async with serve_agent(hub, NODE) as agent, running_link(_link(agent.target)) as running:
+        await running.next_batch()
+        agent.kill()  # every connection dropped, no trailers
+        broken = await running.next_fault()
+        await running.next_batch()  # the agent still listens: streaming again
+        assert agent.connections == 2
+    assert broken.reason.startswith(f"agent 127.0.0.1:{agent.port}: ")
+    assert "the stream broke" in broken.reason or "connection" in broken.reason
+
+
+@pytest.mark.anyio
+async def test_an_agent_that_accepts_and_never_answers_is_dropped_and_retried(
+    link_logs: pytest.LogCaptureFixture,
+) -> None:
+    async with hanging_agent() as agent, running_link(_link(agent.target)) as running:
+        first = await running.next_fault()
+        await running.next_fault()
+        await wait_until(lambda: agent.accepted >= 2)
+    assert first.reason == f"agent 127.0.0.1:{agent.port}: no identity within 0.3 s (hung?)"
+    assert _failing_logs(link_logs) == ["no identity within 0.3 s (hung?)"]
+
+
+@pytest.mark.anyio
+async def test_an_agent_that_hangs_mid_stream_goes_stale_and_is_reconnected() -> None:
+    # Identity promising a message every 0.05 s, one reading already 0.8 s old, then silence.
+    old = _device("GPU-a", age_s=0.8, period_s=0.05, gpu_utilization=10.0)
+    key = DeviceKey("gpu-node-1/GPU-a")
+    async with (
+        scripted_agent([identity(NODE, period_s=0.05), readings(old)]) as agent,
+        open_test_pipeline(_link(agent.target)) as cluster,
+    ):
+        await wait_until(lambda: key in cluster.hub.current.devices)
+        device = cluster.hub.current.devices[key]
+        assert device.reading is not None
+        assert not device.is_stale(anyio.current_time())
+        assert stale_limit_s(device.reading.period_s) == 1.0  # three periods, 1 s at least
+        # Nothing refreshes it: it goes stale by the usual rule, 0.2 s after receipt...
+        await wait_until(lambda: cluster.hub.current.devices[key].is_stale(anyio.current_time()))
+        assert agent.streams == 1
+        # ...and after five promised messages missed (0.3 s here, min_idle_s), a reconnect.
+        await wait_until(lambda: agent.streams == 2)
+        state = cluster.hub.current.sources["agent/gpu-node-1"]
+        assert state.faults == 1
+
+
+# --- garbage --------------------------------------------------------------------------------------
+
+CAP = 4096
+
+
+def _framed_garbage() -> dict[str, tuple[list[bytes], str]]:
+    return {
+        "oversized": (
+            [identity(NODE), b"\x00" * (CAP + 1)],
+            f"sent garbage: a message of {CAP + 1} bytes, over the cap of {CAP} bytes",
+        ),
+        "undecodable": (
+            [identity(NODE), b"\x0a\xff"],
+            "sent garbage: a message that does not decode",
+        ),
+        "no kind": ([identity(NODE), b"garbage!"], "no known kind of update in it"),
+        "no identity": ([readings(_device())], "the first message is readings"),
+        "renamed": (
+            [identity(NODE), readings(_device()), identity("gpu-node-9")],
+            "the node name changed mid-stream, from gpu-node-1 to 'gpu-node-9'",
+        ),
+    }
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("case", sorted(_framed_garbage()))
+async def test_garbage_drops_the_link_with_one_log_line_and_other_links_keep_going(
+    case: str, link_logs: pytest.LogCaptureFixture
+) -> None:
+    messages, reason = _framed_garbage()[case]
+    hub = SnapshotHub()
+    now = anyio.current_time()
+    hub.publish(fold(hub.current, [_gpu("GPU-good", taken_at=now, period_s=0.05)], now))
+    async with (
+        scripted_agent(messages, then_hang=False) as bad,
+        serve_agent(hub, "gpu-node-2") as good,
+        running_link(_link(bad.target, max_message_bytes=CAP)) as broken,
+        running_link(_link(good.target, max_message_bytes=CAP)) as healthy,
+    ):
+        faults = [await broken.next_fault() for _ in range(3)]
+        await wait_until(lambda: bad.streams >= 3)
+        # The good agent's link kept streaming all along (heartbeats every second, then a
+        # reading when the hub changes).
+        await healthy.next_batch()
+        now = anyio.current_time()
+        hub.publish(fold(hub.current, [_gpu("GPU-good", taken_at=now)], now))
+        batch = await healthy.next_batch()
+    assert all(reason in f.reason for f in faults), faults
+    assert faults[0].reason.startswith(f"agent 127.0.0.1:{bad.port}: ")
+    assert _failing_logs(link_logs) == [faults[0].reason.split(": ", 1)[1]]
+    assert [s.key for s in batch.samples] == ["gpu-node-2/GPU-good"]
+    assert healthy.link.statistics().failures == 0
+
+
+@pytest.mark.anyio
+async def test_an_agent_too_old_for_watch_node_is_named_by_its_status() -> None:
+    async with serving_nothing() as agent, running_link(_link(agent.target)) as running:
+        fault = await running.next_fault()
+    assert fault.reason == f"agent {agent.target.address}: answered UNIMPLEMENTED: Method not found"
+
+
+# --- TLS --------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class AgentPki:
+    ca: Authority
+    agent: Identity
+    cluster: Identity
+    other_ca: Authority
+
+
+@pytest.fixture(scope="session")
+def agent_pki(tmp_path_factory: pytest.TempPathFactory) -> AgentPki:
+    out = tmp_path_factory.mktemp("agent-pki")
+    ca = Authority.create("agents-ca", out)
+    return AgentPki(
+        ca=ca,
+        agent=ca.issue("agent", server=True, sans=SERVICE_NAMES),
+        cluster=ca.issue("cluster-scaler", server=False),
+        other_ca=Authority.create("other-ca", out),
+    )
+
+
+def _ca_file(authority: Authority) -> Path:
+    path = authority.out / f"{authority.name}.crt"
+    path.write_bytes(authority.pem)
+    return path
+
+
+@asynccontextmanager
+async def _tls_agent(
+    source: FakeGpuSource, pki: AgentPki, *, mtls: bool
+) -> AsyncIterator[AgentTarget]:
+    config = TlsConfig(pki.agent.cert_file, pki.agent.key_file, _ca_file(pki.ca) if mtls else None)
+    tls = ReloadingTlsContext(config)
+    async with loopback_scaler(source, node_name=NODE, ssl=tls.context) as agent:
+        await agent.hub.wait_newer(0)
+        yield AgentTarget(host="127.0.0.1", port=agent.port)
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize(
+    ("mtls", "client", "server_name"),
+    [
+        (False, False, ""),
+        (False, False, "keda-gpu-scaler.ns.svc"),
+        (True, True, ""),
+    ],
+)
+async def test_tls_and_mutual_tls_links_stream(
+    fake_gpus: FakeGpuSource, agent_pki: AgentPki, mtls: bool, client: bool, server_name: str
+) -> None:
+    config = AgentTlsConfig(
+        ca_file=_ca_file(agent_pki.ca),
+        cert_file=agent_pki.cluster.cert_file if client else None,
+        key_file=agent_pki.cluster.key_file if client else None,
+        server_name=server_name,
+    )
+    context = build_agent_client_context(config)
+    assert context is not None
+    async with (
+        _tls_agent(fake_gpus, agent_pki, mtls=mtls) as target,
+        running_link(_link(target, ssl=context, server_name=server_name)) as running,
+    ):
+        batch = await running.next_batch()
+    assert batch.source == "agent/gpu-node-1" and len(batch.samples) == 2
+
+
+_UNTRUSTED = "TLS failed: the agent's certificate is refused: unable to get local issuer"
+_WRONG_NAME = "TLS failed: the agent's certificate is refused: Hostname mismatch"
+_NO_CLIENT_CERT = "before any answer: does the agent want a client certificate it trusts"
+_PLAINTEXT = "before any answer: does the agent want TLS (--agents-tls-ca)?"
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize(
+    ("mtls", "trusted", "server_name", "reason"),
+    [
+        (False, False, "", _UNTRUSTED),
+        (False, True, "wrong.example", _WRONG_NAME),
+        (True, True, "", _NO_CLIENT_CERT),
+        (False, True, None, _PLAINTEXT),  # None: plaintext to the TLS port
+    ],
+)
+async def test_tls_links_that_cannot_work_fail_with_the_reason(
+    fake_gpus: FakeGpuSource,
+    agent_pki: AgentPki,
+    mtls: bool,
+    trusted: bool,
+    server_name: str | None,
+    reason: str,
+) -> None:
+    context: ssl.SSLContext | None = None
+    if server_name is not None:
+        ca = agent_pki.ca if trusted else agent_pki.other_ca
+        config = AgentTlsConfig(ca_file=_ca_file(ca), server_name=server_name)
+        context = build_agent_client_context(config)
+    async with (
+        _tls_agent(fake_gpus, agent_pki, mtls=mtls) as target,
+        running_link(_link(target, ssl=context, server_name=server_name or "")) as running,
+    ):
+        fault = await running.next_fault()
+    assert fault.reason.startswith(f"agent {target.address}: ")
+    assert reason in fault.reason
+    assert running.link.statistics().connects == 0
+
+
+def test_the_client_context_speaks_h2_from_tls_1_2_and_checks_the_agent(
+    agent_pki: AgentPki,
+) -> None:
+    context = build_agent_client_context(AgentTlsConfig(ca_file=_ca_file(agent_pki.ca)))
+    assert context is not None
+    assert context.minimum_version is ssl.TLSVersion.TLSv1_2
+    assert context.verify_mode is ssl.CERT_REQUIRED and context.check_hostname
+    assert build_agent_client_context(AgentTlsConfig()) is None
+
+
+@pytest.mark.parametrize(
+    ("files", "message"),
+    [
+        ({"cert_file": "cert"}, "--agents-tls-cert and --agents-tls-key go together"),
+        ({"key_file": "key"}, "--agents-tls-cert and --agents-tls-key go together"),
+        ({"server_name": "x"}, "--agents-tls-server-name needs TLS"),
+        ({"ca_file": "missing"}, "--agents-tls-ca {missing}: not found"),
+        ({"ca_file": "empty"}, "--agents-tls-ca {empty}: the file is empty"),
+        ({"ca_file": "junk"}, "--agents-tls-ca {junk}: no PEM certificate in it"),
+        (
+            {"cert_file": "cert", "key_file": "other_key"},
+            "--agents-tls-key {other_key} does not match",
+        ),
+        ({"cert_file": "cert", "key_file": "junk"}, "no usable PEM certificate chain"),
+    ],
+)
+def test_bad_agent_tls_settings_name_the_flag_and_the_file(
+    agent_pki: AgentPki, tmp_path: Path, files: dict[str, str], message: str
+) -> None:
+    paths = {
+        "cert": agent_pki.cluster.cert_file,
+        "key": agent_pki.cluster.key_file,
+        "other_key": agent_pki.agent.key_file,
+        "missing": tmp_path / "missing.pem",
+        "empty": tmp_path / "empty.pem",
+        "junk": tmp_path / "junk.pem",
+    }
+    paths["empty"].write_text("")
+    paths["junk"].write_text("not a certificate\n")
+    config: dict[str, Any] = {k: (v if k == "server_name" else paths[v]) for k, v in files.items()}
+    with pytest.raises(AgentTlsConfigError) as refused:
+        build_agent_client_context(AgentTlsConfig(**config))
+    assert message.format(**{k: str(v) for k, v in paths.items()}) in str(refused.value)
+
+
+def test_a_link_refuses_settings_that_cannot_work() -> None:
+    target = AgentTarget(host="127.0.0.1", port=1)
+    with pytest.raises(ValueError, match="max_message_bytes must be at least 1"):
+        AgentLink(target, max_message_bytes=0)
+    with pytest.raises(ValueError, match="min_idle_s must be a positive"):
+        AgentLink(target, min_idle_s=0)
+    with pytest.raises(ValueError, match="a TLS server name without TLS"):
+        AgentLink(target, server_name="x")
+    assert AgentLink(target).name == "agent/127.0.0.1:1"
+    assert AgentLink(AgentTarget(host="::1", port=6000, node=NODE)).name == "agent/gpu-node-1"
+
+
+@pytest.mark.anyio
+async def test_a_link_found_by_address_takes_its_nodes_name_from_the_identity() -> None:
+    hub = SnapshotHub()
+    now = anyio.current_time()
+    hub.publish(fold(hub.current, [_gpu("GPU-a", taken_at=now)], now))
+    async with serve_agent(hub, NODE) as agent:
+        link = _link(agent.target)  # no node: DNS or a static list
+        assert link.name == f"agent/127.0.0.1:{agent.port}"
+        async with running_link(link) as running:
+            await running.next_batch()
+            assert link.name == "agent/gpu-node-1"  # what SourceStopped must name
+            agent.kill()
+            fault = await running.next_fault()
+    assert fault.source == "agent/gpu-node-1"
