@@ -358,6 +358,26 @@ def build_parser() -> argparse.ArgumentParser:
         help="seconds between KEDA-style polls (default 1)",
     )
     demo.add_argument("--log-level", type=_log_level, default="warning")
+
+    simulate = commands.add_parser(
+        "simulate",
+        help="run a ScaledObject through KEDA and the HPA over a trace or a synthetic load, "
+        "in virtual time",
+    )
+    simulate.add_argument("scaledobject", type=Path, metavar="SCALEDOBJECT.yaml")
+    given = simulate.add_mutually_exclusive_group(required=True)
+    given.add_argument(
+        "--trace",
+        metavar="FILE",
+        help="a recording (gpu-metrics record), or 'bundled' for the H200 recording shipped "
+        "with the package",
+    )
+    given.add_argument(
+        "--load", type=Path, metavar="LOAD.yaml", help="a synthetic load (docs/simulate.md)"
+    )
+    simulate.add_argument("--format", default="table", help="table (default) or json")
+    simulate.add_argument("--plot", type=Path, metavar="OUT.png|OUT.svg", help="also draw it")
+    simulate.add_argument("--log-level", type=_log_level, default="warning")
     return parser
 
 
@@ -459,6 +479,16 @@ def _run(args: argparse.Namespace) -> int:
             device=args.device,
             metric=args.metric,
             trigger=args.trigger,
+        )
+    if args.command == "simulate":
+        from keda_gpu_scaler.app.simulate import run_simulate
+
+        return run_simulate(
+            args.scaledobject,
+            trace=args.trace,
+            load=args.load,
+            output_format=args.format,
+            plot=args.plot,
         )
     from keda_gpu_scaler.app.demo import run_demo
 

@@ -1,0 +1,758 @@
+"""``keda-gpu-scaler simulate``: the load format, the ScaledObject it reads, the timing, the
+outputs, and the examples of docs/simulate.md."""
+
+from __future__ import annotations
+
+import io
+import json
+import re
+import shlex
+import struct
+import xml.etree.ElementTree as ET
+import zlib
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from keda_gpu_scaler.app import cli
+from keda_gpu_scaler.app.simulate import Simulation, run_simulate, run_simulation
+from keda_gpu_scaler.app.simulation.feeds import (
+    LoadFeed,
+    engine_share,
+    gpu_share,
+)
+from keda_gpu_scaler.app.simulation.inputs import BadInput
+from keda_gpu_scaler.app.simulation.load import read_load
+from keda_gpu_scaler.app.simulation.png import encode_png
+from keda_gpu_scaler.app.simulation.runner import HPA, KEDA
+from keda_gpu_scaler.domain.aggregation import Aggregation
+from keda_gpu_scaler.domain.catalog import CATALOG, MetricType, Origin
+from keda_gpu_scaler.domain.engines import Discovery
+from keda_gpu_scaler.domain.reach import replica_ceiling, unreachable_max
+from tests.k8s_tools import validate
+
+ROOT = Path(__file__).resolve().parent.parent
+EXAMPLES = ROOT / "docs" / "examples"
+DOC = ROOT / "docs" / "simulate.md"
+
+
+def scaled_object(**spec: Any) -> dict[str, Any]:
+    """A ScaledObject with one gpu_utilization trigger (Value, target 50, no cooldown)."""
+    trigger = {
+        "type": "external",
+        "metricType": "Value",
+        "metadata": {
+            "scalerAddress": "scaler:6000",
+            "metricName": "gpu",
+            "metricType": "gpu_utilization",
+            "targetValue": "50",
+            "cooldownSeconds": "0",
+        },
+    }
+    body: dict[str, Any] = {
+        "scaleTargetRef": {"name": "app"},
+        "minReplicaCount": 1,
+        "maxReplicaCount": 10,
+        "pollingInterval": 30,
+        "triggers": [trigger],
+    }
+    return {
+        "apiVersion": "keda.sh/v1alpha1",
+        "kind": "ScaledObject",
+        "metadata": {"name": "app", "namespace": "default"},
+        "spec": body | spec,
+    }
+
+
+def load(duration: float = 60, **metrics: Any) -> dict[str, Any]:
+    return {"duration": duration, "gpus": 1, "metrics": metrics}
+
+
+def put(tmp_path: Path, name: str, doc: Any) -> Path:
+    path = tmp_path / name
+    path.write_text(doc if isinstance(doc, str) else yaml.safe_dump(doc, sort_keys=False))
+    return path
+
+
+def simulate(tmp_path: Path, so: dict[str, Any], ld: dict[str, Any]) -> Simulation:
+    return run_simulation(put(tmp_path, "so.yaml", so), load=put(tmp_path, "load.yaml", ld))
+
+
+def steady(value: float | None, *, demand: bool = False) -> dict[str, Any]:
+    return {"demand": demand, "steps": [{"at": 0, "value": value}]}
+
+
+def values(result: Simulation, by: str | None = None) -> list[tuple[int, float | None]]:
+    return [(s.t, s.triggers[0].value) for s in result.steps if by is None or s.by == by]
+
+
+# -- the load format ---------------------------------------------------------------------
+
+
+def test_steps_hold_ramps_go_linearly_and_null_is_no_reading(tmp_path: Path) -> None:
+    steps = [
+        {"at": 0, "value": 40},
+        {"at": 60, "ramp": {"to": 310, "over": 300}},
+        {"at": 500, "value": None},
+    ]
+    parsed = read_load(
+        put(tmp_path, "l.yaml", load(1200, gpu_utilization={"demand": True, "steps": steps}))
+    )
+    metric = parsed.metrics[MetricType.GPU_UTILIZATION]
+    # 40 until the ramp; halfway through it 40 + 270 / 2; then 310 holds until null.
+    samples = {t: metric.raw(t) for t in (0, 59.5, 60, 210, 360, 499, 500, 1199)}
+    assert samples == {0: 40, 59.5: 40, 60: 40, 210: 175, 360: 310, 499: 310, 500: None, 1199: None}
+    assert parsed.initial_replicas is None
+    assert parsed.gpus == 1
+
+
+def test_a_ramp_starts_from_a_ramp_under_way(tmp_path: Path) -> None:
+    steps = [
+        {"at": 0, "value": 0},
+        {"at": 10, "ramp": {"to": 100, "over": 100}},
+        {"at": 60, "ramp": {"to": 0, "over": 10}},
+    ]
+    metric = read_load(put(tmp_path, "l.yaml", load(120, sm_active={"steps": steps}))).metrics[
+        MetricType.SM_ACTIVE
+    ]
+    # At 60 the first ramp is at 50: the second goes from 50 to 0 in 10 s.
+    assert [metric.raw(t) for t in (60, 65, 70, 100)] == [50, 25, 0, 0]
+
+
+def test_one_series_per_gpu(tmp_path: Path) -> None:
+    doc = load(
+        30,
+        gpu_utilization={
+            "gpus": [{"steps": [{"at": 0, "value": 10}]}, {"steps": [{"at": 0, "value": 70}]}]
+        },
+    )
+    doc["gpus"] = 2
+    metric = read_load(put(tmp_path, "l.yaml", doc)).metrics[MetricType.GPU_UTILIZATION]
+    assert [metric.raw(5, gpu) for gpu in (0, 1)] == [10, 70]
+
+
+BAD_LOADS = [
+    ({"duration": 60, "metrics": {"gpu_utilization": steady(1)}, "gpu": 2}, "unknown field `gpu`"),
+    (load(0, gpu_utilization=steady(1)), "duration 0: must be above 0"),
+    (load(90000, gpu_utilization=steady(1)), "at most 86400"),
+    (load(60), "metrics: give at least one metric type"),
+    (
+        load(gpu_utilisation=steady(1)),
+        "'gpu_utilisation' is not a metricType of this scaler; did you mean gpu_utilization?",
+    ),
+    (
+        load(gpu_utilization={"steps": [{"at": 5, "value": 1}]}),
+        "metrics.gpu_utilization.steps[0].at: the first step is at 0",
+    ),
+    (
+        load(gpu_utilization={"steps": [{"at": 0, "value": 1}, {"at": 0, "value": 2}]}),
+        "steps[1].at: 0 must be after the step before (0)",
+    ),
+    (
+        load(gpu_utilization={"steps": [{"at": 0, "value": 1}, {"at": 60, "value": 2}]}),
+        "steps[1].at: 60 is not before the end (60 s)",
+    ),
+    (load(gpu_utilization={"steps": [{"at": 0}]}), "steps[0]: give either value or ramp"),
+    (
+        load(gpu_utilization={"steps": [{"at": 0, "value": 1, "ramp": {"to": 2, "over": 5}}]}),
+        "steps[0]: give either value or ramp",
+    ),
+    (
+        load(
+            gpu_utilization={
+                "steps": [{"at": 0, "value": None}, {"at": 10, "ramp": {"to": 5, "over": 5}}]
+            }
+        ),
+        "steps[1].ramp: a ramp starts from a value in effect, and none is",
+    ),
+    (
+        load(
+            gpu_utilization={
+                "steps": [{"at": 0, "value": 1}, {"at": 10, "ramp": {"to": 5, "over": 0}}]
+            }
+        ),
+        "steps[1].ramp.over: 0 must be a positive duration",
+    ),
+    (load(gpu_utilization=steady(-1)), "steps[0].value: -1 must be a finite number, 0 or more"),
+    (
+        load(gpu_utilization=steady(140)),
+        "steps[0].value: 140 is above 100, the most gpu_utilization reads (percent)",
+    ),
+    (
+        load(gpu_utilization={"steps": [{"at": 0, "value": "high"}]}),
+        "steps[0].value: expected `float | null`, got `str`",
+    ),
+    (
+        load(gpu_utilization={"steps": [{"at": 0, "value": 1}], "gpus": [{"steps": []}]}),
+        "metrics.gpu_utilization: give either steps or gpus",
+    ),
+    (
+        load(gpu_utilization={"gpus": [{"steps": [{"at": 0, "value": 1}]}] * 2}),
+        "gpus: 2 series for 1 GPUs",
+    ),
+    (
+        load(vllm_queue_depth={"gpus": [{"steps": [{"at": 0, "value": 1}]}]}),
+        "an engine metric, with one series (steps)",
+    ),
+    (load(memory_used_mib=steady(10), memory_used_percent=steady(10)), "give one"),
+    ("duration: [", "not YAML at line 1"),
+    ("duration: 5\n---\nduration: 6\n", "expected one YAML document with a load, found 2"),
+]
+
+
+@pytest.mark.parametrize(("doc", "message"), BAD_LOADS)
+def test_a_bad_load_is_refused_naming_the_field(tmp_path: Path, doc: Any, message: str) -> None:
+    path = put(tmp_path, "load.yaml", doc)
+    with pytest.raises(BadInput) as caught:
+        read_load(path)
+    text = str(caught.value)
+    assert message in text
+    assert text.startswith(f"{path}: ")
+    assert "\n" not in text
+
+
+def test_bad_input_is_one_line_on_stderr_and_status_2(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    so = put(tmp_path, "so.yaml", scaled_object())
+    bad = put(tmp_path, "load.yaml", load(gpu_utilization=steady(140)))
+    assert cli.main(["simulate", str(so), "--load", str(bad)]) == 2
+    out, err = capsys.readouterr()
+    assert out == ""
+    assert err.count("\n") == 1
+    assert err.startswith("keda-gpu-scaler: ") and "140 is above 100" in err
+
+
+# -- the ScaledObject --------------------------------------------------------------------
+
+
+def _trigger(**changes: Any) -> dict[str, Any]:
+    so = scaled_object()
+    trigger = so["spec"]["triggers"][0]
+    metadata = changes.pop("metadata", {})
+    trigger.update(changes)
+    trigger["metadata"].update(metadata)
+    return so
+
+
+BAD_SCALED_OBJECTS = [
+    (
+        scaled_object() | {"kind": "ScaledJob"},
+        "only a ScaledObject (keda.sh/v1alpha1) is simulated",
+    ),
+    (scaled_object(pollingInterva=5), "unknown field `pollingInterva`"),
+    (scaled_object(pollingInterval=0), "spec.pollingInterval: expected `int` >= 1"),
+    (
+        scaled_object(minReplicaCount=5, maxReplicaCount=2),
+        "minReplicaCount 5 is above maxReplicaCount 2",
+    ),
+    (
+        scaled_object(idleReplicaCount=1, minReplicaCount=1),
+        "idleReplicaCount 1 must be less than minReplicaCount 1",
+    ),
+    (scaled_object(triggers=[]), "spec.triggers: at least one trigger is needed"),
+    (_trigger(type="cpu"), "spec.triggers[0].type 'cpu': only this scaler's triggers"),
+    (
+        _trigger(metricType="Utilization"),
+        "metricType Utilization: KEDA refuses it for external triggers",
+    ),
+    (
+        _trigger(metricType="Average"),
+        "spec.triggers[0].metricType 'Average': must be one of Value, AverageValue",
+    ),
+    (
+        _trigger(metadata={"targetValue": "-3"}),
+        'spec.triggers[0].metadata: invalid targetValue "-3": must be greater than 0',
+    ),
+    (
+        _trigger(metadata={"targetValue": 70}),
+        'metadata.targetValue: must be a string (quote it: "70")',
+    ),
+    (
+        _trigger(metadata={"targetValueFromEnv": "TARGET"}),
+        "targetValueFromEnv: needs the scale target's environment",
+    ),
+    (
+        _trigger(metadata={"podSelector": "app=vllm"}),
+        "metadata.podSelector: the simulator has no pods",
+    ),
+    (
+        scaled_object(advanced={"scalingModifiers": {"formula": "a"}}),
+        "scalingModifiers is not simulated",
+    ),
+    (
+        scaled_object(
+            fallback={"failureThreshold": 3, "replicas": 2, "behavior": "scalingModifiers"}
+        ),
+        "fallback.behavior scalingModifiers is not simulated",
+    ),
+    (scaled_object(fallback={"failureThreshold": 3}), "missing required field `replicas`"),
+    (
+        scaled_object(
+            advanced={
+                "horizontalPodAutoscalerConfig": {
+                    "behavior": {
+                        "scaleUp": {"policies": [{"type": "Pod", "value": 1, "periodSeconds": 15}]}
+                    }
+                }
+            }
+        ),
+        "behavior.scaleUp.policies[0].type 'Pod': must be one of Pods, Percent",
+    ),
+    (
+        scaled_object(
+            advanced={
+                "horizontalPodAutoscalerConfig": {"behavior": {"scaleDown": {"policies": []}}}
+            }
+        ),
+        "behavior.scaleDown.policies: give at least one policy",
+    ),
+    (
+        scaled_object(
+            advanced={
+                "horizontalPodAutoscalerConfig": {
+                    "behavior": {
+                        "scaleUp": {
+                            "policies": [{"type": "Pods", "value": 1, "periodSeconds": 1801}]
+                        }
+                    }
+                }
+            }
+        ),
+        "periodSeconds: expected `int` <= 1800",
+    ),
+    (
+        scaled_object(
+            advanced={
+                "horizontalPodAutoscalerConfig": {"behavior": {"scaleUp": {"tolerance": "5%"}}}
+            }
+        ),
+        "behavior.scaleUp.tolerance: '5%' is not a quantity such as 0.05 or 50m",
+    ),
+]
+
+
+@pytest.mark.parametrize(("doc", "message"), BAD_SCALED_OBJECTS)
+def test_a_scaled_object_it_cannot_simulate_is_refused_naming_the_field(
+    tmp_path: Path, doc: dict[str, Any], message: str
+) -> None:
+    with pytest.raises(BadInput) as caught:
+        simulate(tmp_path, doc, load(gpu_utilization=steady(1)))
+    assert message in str(caught.value)
+    assert "\n" not in str(caught.value)
+
+
+def test_the_load_must_give_what_the_triggers_read(tmp_path: Path) -> None:
+    with pytest.raises(
+        BadInput,
+        match=re.escape(
+            "s0-gpu (spec.triggers[0]) reads gpu_utilization, which the load does not give"
+        ),
+    ):
+        simulate(tmp_path, scaled_object(), load(sm_active=steady(1)))
+    gpu_3 = _trigger(metadata={"gpuIndex": "3"})
+    with pytest.raises(BadInput, match=r"reads gpuIndex 3; the load has 1 GPU \(0-0\)"):
+        simulate(tmp_path, gpu_3, load(gpu_utilization=steady(1)))
+
+
+def test_behavior_tolerance_quantities(tmp_path: Path) -> None:
+    up = {"tolerance": "50m"}
+    down = {"tolerance": 0.2, "stabilizationWindowSeconds": 0}
+    so = scaled_object(
+        advanced={"horizontalPodAutoscalerConfig": {"behavior": {"scaleUp": up, "scaleDown": down}}}
+    )
+    result = simulate(tmp_path, so, load(gpu_utilization=steady(53)))
+    behavior = result.plan.hpa.behavior
+    assert behavior is not None
+    assert (behavior.scale_up.tolerance, behavior.scale_down.tolerance) == (0.05, 0.2)
+    # 53 / 50 = 1.06 is above 1.05: one replica becomes ceil(1.06) = 2.
+    assert [s.replicas for s in result.steps[:2]] == [1, 2]
+
+
+# -- what the triggers read ----------------------------------------------------------------
+
+
+def test_demand_is_shared_by_the_replicas_and_a_percentage_tops_at_100(tmp_path: Path) -> None:
+    metric = read_load(
+        put(tmp_path, "l.yaml", load(gpu_utilization=steady(310, demand=True)))
+    ).metrics[MetricType.GPU_UTILIZATION]
+    assert [gpu_share(metric, 0, 0, n) for n in (0, 1, 2, 4)] == [0.0, 100.0, 100.0, 77.5]
+
+
+def test_a_queue_reads_the_whole_demand_at_zero_replicas_and_dns_sums_counts(
+    tmp_path: Path,
+) -> None:
+    metrics = read_load(
+        put(
+            tmp_path,
+            "l.yaml",
+            load(
+                vllm_queue_depth=steady(40, demand=True),
+                vllm_kv_cache_usage=steady(80, demand=True),
+            ),
+        )
+    ).metrics
+    queue, cache = metrics[MetricType.VLLM_QUEUE_DEPTH], metrics[MetricType.VLLM_KV_CACHE_USAGE]
+    static, dns = Discovery.STATIC, Discovery.DNS
+    assert [engine_share(queue, 0, n, static) for n in (0, 1, 4)] == [40, 40, 10]
+    # Behind a headless Service the scaler sums the pods' queues: the whole demand.
+    assert [engine_share(queue, 0, n, dns) for n in (0, 1, 4)] == [40, 40, 40]
+    # A level is the highest pod's: one share.
+    assert engine_share(cache, 0, 4, dns) == 20
+
+
+@pytest.mark.parametrize(
+    "metric_type", [m for m, info in CATALOG.items() if info.origin is Origin.GPU]
+)
+def test_every_gpu_metric_type_reads_back_what_the_load_gives(
+    tmp_path: Path, metric_type: MetricType
+) -> None:
+    doc = {"duration": 10, "metrics": {str(metric_type): steady(42)}}
+    parsed = read_load(put(tmp_path, "l.yaml", doc))
+    snapshot = LoadFeed(parsed).advance(0, 1)
+    (device,) = snapshot.devices.values()
+    read = CATALOG[metric_type].read
+    assert read is not None and device.reading is not None
+    assert read(device.reading) == pytest.approx(42)
+
+
+def test_an_engine_trigger_reads_its_endpoint_in_the_metric_unit(tmp_path: Path) -> None:
+    so = _trigger(
+        metadata={
+            "metricType": "vllm_queue_time_ms",
+            "vllmEndpoint": "http://vllm.llm.svc:8000/metrics",
+            "targetValue": "100",
+        }
+    )
+    result = simulate(tmp_path, so, load(vllm_queue_time_ms=steady(250)))
+    assert values(result)[:2] == [(0, 250.0), (0, 250.0)]
+
+
+# -- timing --------------------------------------------------------------------------------
+
+
+def test_keda_acts_first_at_an_instant_and_each_step_shows_the_count_after_it(
+    tmp_path: Path,
+) -> None:
+    # At 0 replicas a reading of 100 (not a demand) activates: KEDA's step at t=0 ends at 1;
+    # the HPA's sync at the same instant then sees 1 replica: 100 / 50 = 2 × 1 → 2; at t=15,
+    # 2 × 2 → 4 (a level that does not fall with more replicas keeps asking for more).
+    result = simulate(tmp_path, scaled_object(minReplicaCount=0), load(gpu_utilization=steady(100)))
+    first = result.steps[:3]
+    assert [(s.t, s.by, s.replicas, s.desired) for s in first] == [
+        (0, KEDA, 1, 1),
+        (0, HPA, 2, 2),
+        (15, HPA, 4, 4),
+    ]
+    assert first[0].why == "active: activation 0 -> 1"
+
+
+def test_a_reading_is_shared_by_the_replicas_in_effect_when_it_was_taken(tmp_path: Path) -> None:
+    # 100 of demand, 1 replica at t=0: the t=0 reading is 100 (the HPA then scales to 2),
+    # the readings from t=1 on are 50 each, which the sync at t=15 finds within tolerance.
+    result = simulate(tmp_path, scaled_object(), load(gpu_utilization=steady(100, demand=True)))
+    assert values(result, HPA)[:2] == [(0, 100.0), (15, 50.0)]
+    assert [s.replicas for s in result.steps[:3]] == [1, 2, 2]
+
+
+def test_the_workloads_own_gpus_read_nothing_at_zero_replicas(tmp_path: Path) -> None:
+    so = scaled_object(minReplicaCount=0)
+    ld = load(gpu_utilization=steady(100, demand=True)) | {"initialReplicas": 0}
+    result = simulate(tmp_path, so, ld)
+    assert {s.replicas for s in result.steps} == {0}
+    assert {s.triggers[0].value for s in result.steps} == {0.0}
+
+
+def test_failures_count_on_the_scale_loop_and_the_hpa_path(tmp_path: Path) -> None:
+    so = scaled_object(fallback={"failureThreshold": 2, "replicas": 6}, maxReplicaCount=10)
+    so["spec"]["triggers"][0]["metricType"] = "AverageValue"
+    result = simulate(tmp_path, so, load(gpu_utilization=steady(None)))
+    failures = [int(m) for s in result.steps for m in re.findall(r"failure (\d+)", s.why)]
+    # t=0 poll, t=0 sync, t=15 sync, t=30 poll, t=30 sync, t=45 sync: one count each.
+    assert failures == [1, 2, 3, 4, 5, 6]
+    # From the third failure the HPA gets target × 6 (AverageValue): 300 / 50 → 6, which the
+    # older rule reaches in two syncs (max(2 × 1, 4) = 4, then 6); KEDA's poll keeps 4.
+    assert [s.replicas for s in result.steps] == [1, 1, 4, 4, 6, 6]
+    assert "fallback serves 300 for 6 replicas" in result.steps[2].why
+
+
+def test_the_hpa_counts_no_failure_at_zero_replicas_and_a_fallback_activates(
+    tmp_path: Path,
+) -> None:
+    so = scaled_object(minReplicaCount=0, fallback={"failureThreshold": 1, "replicas": 3})
+    so["spec"]["triggers"][0]["metricType"] = "AverageValue"
+    ld = load(gpu_utilization=steady(None)) | {"initialReplicas": 0}
+    result = simulate(tmp_path, so, ld)
+    whys = [(s.t, s.by, s.why) for s in result.steps]
+    assert whys[1] == (0, HPA, "0 replicas: scaling is disabled (only KEDA scales from 0)")
+    # The poll at t=30 makes the second failure: above the threshold, active, activation.
+    t30 = result.steps[3]
+    assert (t30.t, t30.by, t30.replicas, t30.active) == (30, KEDA, 1, True)
+    assert "failure 2" in t30.why
+    assert result.steps[4].replicas == 3
+
+
+def test_the_scalers_cooldown_seconds_holds_a_lower_value(tmp_path: Path) -> None:
+    steps = [{"at": 0, "value": 80}, {"at": 20, "value": 60}, {"at": 40, "value": 20}]
+    ld = load(120, gpu_utilization={"steps": steps})
+    held = simulate(tmp_path, _trigger(metadata={"cooldownSeconds": "60"}), ld)
+    # The decrease to 60 is let through at t=30 and starts the 60 s window; the one to 20 is
+    # held until t=90.
+    assert values(held, HPA) == [
+        (0, 80),
+        (15, 80),
+        (30, 60),
+        (45, 60),
+        (60, 60),
+        (75, 60),
+        (90, 20),
+        (105, 20),
+    ]
+    free = simulate(tmp_path, scaled_object(), ld)
+    assert values(free, HPA)[3] == (45, 20)
+
+
+def test_use_cached_metrics_gives_the_hpa_the_last_polls_answer(tmp_path: Path) -> None:
+    ld = load(60, gpu_utilization={"steps": [{"at": 0, "value": 40}, {"at": 10, "value": 90}]})
+    cached = simulate(tmp_path, _trigger(useCachedMetrics=True), ld)
+    assert values(cached, HPA)[:3] == [(0, 40), (15, 40), (30, 90)]
+    live = simulate(tmp_path, scaled_object(), ld)
+    assert values(live, HPA)[1] == (15, 90)
+
+
+# -- outputs -------------------------------------------------------------------------------
+
+
+def test_the_json_is_one_object_with_the_steps_exactly(tmp_path: Path) -> None:
+    result = simulate(tmp_path, scaled_object(), load(45, gpu_utilization=steady(60)))
+    doc = json.loads(result.json())
+    assert set(doc) == {"warnings", "steps"}
+    assert doc["warnings"] == []
+    for step in doc["steps"]:
+        assert set(step) == {"t", "replicas", "desired", "active", "triggers", "why"}
+        assert isinstance(step["t"], int) and isinstance(step["active"], bool)
+        for trigger in step["triggers"]:
+            assert set(trigger) == {"metricName", "value", "target", "active"}
+    assert [(s["t"], s["why"].split(":")[0]) for s in doc["steps"]] == [
+        (0, "KEDA poll"),
+        (0, "HPA sync"),
+        (15, "HPA sync"),
+        (30, "KEDA poll"),
+        (30, "HPA sync"),
+    ]
+    assert doc["steps"][1]["triggers"] == [
+        {"metricName": "s0-gpu", "value": 60.0, "target": 50.0, "active": True}
+    ]
+    # An error is null, never 0.
+    broken = simulate(tmp_path, scaled_object(), load(15, gpu_utilization=steady(None)))
+    assert json.loads(broken.json())["steps"][0]["triggers"][0]["value"] is None
+
+
+def test_the_command_writes_json_and_a_plot(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    so = put(tmp_path, "so.yaml", scaled_object())
+    ld = put(tmp_path, "load.yaml", load(gpu_utilization=steady(60)))
+    plot = tmp_path / "out.svg"
+    args = ["simulate", str(so), "--load", str(ld), "--format", "json", "--plot", str(plot)]
+    assert cli.main(args) == 0
+    assert json.loads(capsys.readouterr().out)["steps"][0]["t"] == 0
+    assert ET.parse(plot).getroot().tag == "{http://www.w3.org/2000/svg}svg"
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (["--format", "yaml"], "--format 'yaml': must be one of table, json"),
+        (["--plot", "out.jpg"], "the name must end in .png or .svg"),
+    ],
+)
+def test_bad_output_options_are_refused(tmp_path: Path, flags: list[str], message: str) -> None:
+    so = put(tmp_path, "so.yaml", scaled_object())
+    ld = put(tmp_path, "load.yaml", load(gpu_utilization=steady(60)))
+    with pytest.raises(BadInput, match=re.escape(message)):
+        run_simulate(
+            so,
+            load=ld,
+            output_format=flags[1] if flags[0] == "--format" else "table",
+            plot=Path(flags[1]) if flags[0] == "--plot" else None,
+            out=io.StringIO(),
+        )
+
+
+def _png_chunks(data: bytes) -> list[tuple[bytes, bytes]]:
+    assert data[:8] == b"\x89PNG\r\n\x1a\n"
+    chunks, at = [], 8
+    while at < len(data):
+        (length,) = struct.unpack(">I", data[at : at + 4])
+        kind, body = data[at + 4 : at + 8], data[at + 8 : at + 8 + length]
+        (crc,) = struct.unpack(">I", data[at + 8 + length : at + 12 + length])
+        assert crc == zlib.crc32(kind + body) & 0xFFFFFFFF, kind
+        chunks.append((kind, body))
+        at += 12 + length
+    return chunks
+
+
+def test_the_png_is_valid(tmp_path: Path) -> None:
+    so = put(tmp_path, "so.yaml", scaled_object())
+    ld = put(tmp_path, "load.yaml", load(gpu_utilization=steady(60)))
+    out = tmp_path / "plot.png"
+    run_simulate(so, load=ld, plot=out, out=io.StringIO())
+    chunks = _png_chunks(out.read_bytes())
+    assert [k for k, _ in chunks] == [b"IHDR", b"IDAT", b"IEND"]
+    width, height, depth, color, compression, filtering, interlace = struct.unpack(
+        ">IIBBBBB", chunks[0][1]
+    )
+    assert (width, height, depth, color, compression, filtering, interlace) == (
+        960,
+        600,
+        8,
+        2,
+        0,
+        0,
+        0,
+    )
+    raw = zlib.decompress(chunks[1][1])
+    assert len(raw) == height * (1 + width * 3)
+    assert {raw[y * (1 + width * 3)] for y in range(height)} == {0}
+    # Something was drawn: not every pixel is white.
+    assert raw.count(b"\xff") < len(raw) - height
+
+
+def test_the_png_writer_encodes_pixels_row_by_row() -> None:
+    data = encode_png(2, 1, b"\x01\x02\x03\x04\x05\x06")
+    (_, header), (_, idat), _ = _png_chunks(data)
+    assert struct.unpack(">II", header[:8]) == (2, 1)
+    assert zlib.decompress(idat) == b"\x00\x01\x02\x03\x04\x05\x06"
+
+
+def test_the_svg_is_xml_with_the_lines_and_the_legend(tmp_path: Path) -> None:
+    result = simulate(tmp_path, scaled_object(), load(gpu_utilization=steady(60)))
+    out = tmp_path / "plot.svg"
+    from keda_gpu_scaler.app.simulate import write_plot
+
+    write_plot(result.figure(), out)
+    root = ET.parse(out).getroot()
+    ns = {"s": "http://www.w3.org/2000/svg"}
+    texts = [t.text for t in root.findall("s:text", ns)]
+    assert {"s0-gpu", "target 50", "replicas", "desired (HPA)", "t (s)"} <= set(texts)
+    assert len(root.findall("s:polyline", ns)) > 10
+
+
+# -- the per-node-metric warning -------------------------------------------------------------
+
+
+def test_replica_ceiling_of_a_percentage_under_average_value() -> None:
+    gpu, mx, total = MetricType.GPU_UTILIZATION, Aggregation.MAX, Aggregation.SUM
+    assert [replica_ceiling(gpu, mx, t, None) for t in (80, 75, 50, 30)] == [2, 2, 2, 4]
+    # Summed over 4 GPUs: ceil(400 / 80) = 5; over unknown GPUs: no ceiling known.
+    assert replica_ceiling(gpu, total, 80, 4) == 5
+    assert replica_ceiling(gpu, total, 80, None) is None
+    assert replica_ceiling(MetricType.POWER_DRAW, mx, 100, 1) is None
+    assert replica_ceiling(MetricType.VLLM_KV_CACHE_USAGE, total, 40, None) == 3
+    assert unreachable_max(gpu, mx, 80, 1, 2) is None
+    assert unreachable_max(gpu, mx, 80, 1, 3) == (
+        "gpu_utilization is a percentage (at most 100): under AverageValue it never asks for "
+        "more than ceil(100 / 80) = 2 replicas, fewer than maxReplicaCount 3; a level wants "
+        "metricType: Value"
+    )
+
+
+def test_the_simulator_warns_when_a_trigger_cannot_reach_max_replicas(tmp_path: Path) -> None:
+    so = _trigger(metricType="AverageValue", metadata={"targetValue": "80"})
+    result = simulate(tmp_path, so, load(gpu_utilization=steady(60)))
+    (warning,) = result.warnings
+    assert warning.startswith("s0-gpu: gpu_utilization is a percentage")
+    assert f"warning: {warning}\n" in result.table()
+    assert json.loads(result.json())["warnings"] == [warning]
+    assert simulate(tmp_path, scaled_object(), load(gpu_utilization=steady(60))).warnings == ()
+
+
+# -- traces ---------------------------------------------------------------------------------
+
+
+def _trace(tmp_path: Path, values: list[float]) -> Path:
+    lines = [json.dumps({"t": 100 + i, "index": 0, "util_gpu": v}) for i, v in enumerate(values)]
+    path = tmp_path / "trace.jsonl"
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def test_a_trace_plays_from_t_zero_whatever_the_replicas(tmp_path: Path) -> None:
+    trace = _trace(tmp_path, [10.0] * 15 + [90.0] * 20)
+    result = run_simulation(put(tmp_path, "so.yaml", scaled_object()), trace=str(trace))
+    assert result.duration == 35
+    assert values(result, HPA) == [(0, 10.0), (15, 90.0), (30, 90.0)]
+    assert result.source == f"trace {trace}: 35 s, 1 GPU, 1 replica(s) at t=0"
+
+
+def test_a_trace_holds_gpu_readings_only(tmp_path: Path) -> None:
+    so = _trigger(
+        metadata={"metricType": "vllm_queue_depth", "vllmEndpoint": "http://v:8000/metrics"}
+    )
+    with pytest.raises(BadInput, match="a trace holds GPU readings only"):
+        run_simulation(put(tmp_path, "so.yaml", so), trace=str(_trace(tmp_path, [1.0])))
+    with pytest.raises(BadInput, match="reads gpuIndex 2; the trace has GPU 0"):
+        run_simulation(
+            put(tmp_path, "so.yaml", _trigger(metadata={"gpuIndex": "2"})),
+            trace=str(_trace(tmp_path, [1.0])),
+        )
+    junk = tmp_path / "junk.jsonl"
+    junk.write_text("{not json\n")
+    with pytest.raises(BadInput, match=r"junk.jsonl:1: not a trace frame"):
+        run_simulation(put(tmp_path, "so.yaml", scaled_object()), trace=str(junk))
+
+
+# -- the examples of docs/simulate.md ---------------------------------------------------------
+
+_BLOCK = re.compile(r"```\n\$ keda-gpu-scaler simulate (?P<args>.*?)\n(?P<out>.*?)```\n", re.S)
+
+
+def _blocks() -> list[tuple[list[str], str]]:
+    return [(shlex.split(m["args"]), m["out"]) for m in _BLOCK.finditer(DOC.read_text())]
+
+
+def test_the_doc_shows_the_three_examples() -> None:
+    shown = {Path(args[0]).name for args, _ in _blocks()}
+    assert shown == {"h200-scaledobject.yaml", "ramp-scaledobject.yaml", "queue-scaledobject.yaml"}
+
+
+@pytest.mark.parametrize(("args", "shown"), _blocks(), ids=lambda a: str(a[0]) if a else "")
+def test_each_example_prints_what_the_doc_shows_and_draws_the_committed_picture(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, args: list[str], shown: str
+) -> None:
+    monkeypatch.chdir(ROOT)  # the doc's commands name the files from the repository root
+    flags = dict(zip(args[1::2], args[2::2], strict=True))
+    plot = Path(flags["--plot"])
+    out = io.StringIO()
+    trace, ld = flags.get("--trace"), flags.get("--load")
+    run_simulate(
+        Path(args[0]),
+        trace=trace,
+        load=None if ld is None else Path(ld),
+        plot=tmp_path / plot.name,
+        out=out,
+    )
+    printed = out.getvalue()
+    # Every segment between ⋮ marks is a run of the output, in order.
+    at = 0
+    for segment in shown.split("⋮\n"):
+        found = printed.find(segment, at)
+        assert found >= 0, segment
+        at = found + len(segment)
+    assert (tmp_path / plot.name).read_text() == plot.read_text(), f"regenerate {plot}"
+
+
+@pytest.mark.parametrize("path", sorted(EXAMPLES.glob("*-scaledobject.yaml")), ids=lambda p: p.name)
+def test_the_example_scaled_objects_are_valid_against_the_crd(path: Path) -> None:
+    assert validate(yaml.safe_load(path.read_text()))
+
+
+def test_the_bundled_recording_runs_with_its_example() -> None:
+    result = run_simulation(EXAMPLES / "h200-scaledobject.yaml", trace="bundled")
+    # Idle at first, active during the matmuls, back to 0 after cooldownPeriod.
+    assert [s.replicas for s in result.steps if s.by == KEDA][:3] == [0, 0, 0]
+    assert max(s.replicas for s in result.steps) == 2
+    assert result.steps[-1].replicas == 0
