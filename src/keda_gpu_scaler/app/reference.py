@@ -9,8 +9,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from keda_gpu_scaler.app.cli import SERVE_FLAGS
-from keda_gpu_scaler.domain.catalog import CATALOG
+from keda_gpu_scaler.domain.aggregation import Aggregation
+from keda_gpu_scaler.domain.catalog import CATALOG, MetricType
 from keda_gpu_scaler.domain.profiles import PROFILES
+from keda_gpu_scaler.domain.reach import PERCENT_CEILING, bounded_metric_types, replica_ceiling
 from keda_gpu_scaler.domain.trigger import KEDA_KEYS, TRIGGER_KEY_HELP, TRIGGER_KEYS
 
 
@@ -59,6 +61,27 @@ def _profiles() -> list[str]:
     return _table(header, rows)
 
 
+def _average_value() -> list[str]:
+    bounded = ", ".join(f"`{t}`" for t in bounded_metric_types())
+    most = {
+        t: replica_ceiling(MetricType.GPU_UTILIZATION, Aggregation.MAX, t, None)
+        for t in (80, 50, 30)
+    }
+    return [
+        "## AverageValue and percentages",
+        "",
+        "KEDA's default `metricType: AverageValue` makes the HPA ask for ceil(value / target) "
+        "replicas whatever the current count, so a metric with a ceiling can never ask for more "
+        f"than ceil(ceiling / target). The percentages ({bounded}) are at most "
+        f"{PERCENT_CEILING:g}, and {PERCENT_CEILING:g} × G with `aggregation: sum` over G GPUs: "
+        f"with target 80 a trigger never asks for more than {most[80]} replicas, with 50 for "
+        f"{most[50]}, with 30 for {most[30]}. "
+        "A level wants `metricType: Value` (desired = ceil(replicas × value / target)); "
+        "`keda-gpu-scaler simulate` warns when an `AverageValue` trigger cannot reach "
+        "`maxReplicaCount` (see [simulate.md](simulate.md)).",
+    ]
+
+
 def _flags() -> list[str]:
     rows = [
         (f"`{f.name}`", f"`{f.variable}`", f"`{f.default}`" if f.default else "unset", f.help)
@@ -95,6 +118,8 @@ def render_configuration() -> str:
         "the `cooldownPeriod` the examples set on the ScaledObject (KEDA's 1 to 0 delay).",
         "",
         *_profiles(),
+        "",
+        *_average_value(),
         "",
         "## `keda-gpu-scaler serve` flags",
         "",
