@@ -86,7 +86,7 @@ async def _open_streams(
                 try:
                     await stub.GetMetrics(
                         mods.pb2.GetMetricsRequest(scaledObjectRef=request, metricName="m"),
-                        timeout=3,
+                        timeout=10,
                     )
                 except grpc.aio.AioRpcError:
                     errors += 1

@@ -127,7 +127,6 @@ async def test_stream_is_active_sends_at_once(
         )
     )
     assert len(result.first_message_s) == 3
-    assert max(result.first_message_s) < 2.0
 
 
 async def test_stream_with_bad_metadata_fails_at_once(
