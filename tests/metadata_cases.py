@@ -46,6 +46,16 @@ BAD_METADATA: list[tuple[dict[str, str], str]] = [
     ({"pollIntervalSeconds": "1.5"}, 'invalid pollIntervalSeconds "1.5": not an integer'),
     ({"cooldownSeconds": "-1"}, 'invalid cooldownSeconds "-1"'),
     ({"cooldownSeconds": "soon"}, 'invalid cooldownSeconds "soon": not an integer'),
+    ({"windowSeconds": "30s"}, 'invalid windowSeconds "30s": not an integer'),
+    ({"windowSeconds": "-30"}, 'invalid windowSeconds "-30": must be 0 (off) or a positive'),
+    (
+        {"windowSeconds": "86400"},
+        'invalid windowSeconds "86400": must be at most 3600 seconds (the longest history kept',
+    ),
+    (
+        {"windowAggregation": "median", "windowSeconds": "60"},
+        'invalid windowAggregation "median": must be one of avg, max, min, p95, last',
+    ),
     ({"metricName": ""}, 'invalid metricName "": must contain a letter or digit'),
     (
         {"metricType": "vllm_queue_depth"},

@@ -48,6 +48,11 @@ INTERESTING = [
     "0x10",
     "1.0",
     "99999999999999999999999",
+    "30",
+    "3600",
+    "3601",
+    "avg",
+    "last",
 ]
 
 keys = st.one_of(st.sampled_from(TRIGGER_KEYS), st.text(max_size=12))

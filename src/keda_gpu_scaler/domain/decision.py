@@ -1,8 +1,9 @@
 """Decisions: ``(trigger spec, snapshot, cooldown entry, now) -> value, activity, explanation``.
 
 A decision has two halves. :func:`measure` depends on the trigger spec and the snapshot only,
-so one measurement serves every caller with that spec until the snapshot changes or a
-reading it used goes stale (``fresh_until``). :func:`judge` then applies one ScaledObject's
+so one measurement serves every caller with that spec until the snapshot changes, a
+reading it used goes stale or, with ``windowSeconds``, the oldest reading of a window leaves
+it (``fresh_until``). :func:`judge` then applies one ScaledObject's
 cooldown entry and the activation threshold: cheap, and per caller.
 """
 
@@ -25,6 +26,7 @@ from keda_gpu_scaler.domain.attribution import (
 from keda_gpu_scaler.domain.catalog import CATALOG, MetricInfo
 from keda_gpu_scaler.domain.cooldown import CooldownEntry, CooldownOutcome, apply_cooldown
 from keda_gpu_scaler.domain.errors import InvalidTrigger, NoData
+from keda_gpu_scaler.domain.history import EMPTY_HISTORY, History
 from keda_gpu_scaler.domain.samples import DeviceKey
 from keda_gpu_scaler.domain.snapshot import (
     STALE_AFTER_PERIODS,
@@ -33,6 +35,7 @@ from keda_gpu_scaler.domain.snapshot import (
     stale_limit_s,
 )
 from keda_gpu_scaler.domain.trigger import MigSelector, TriggerSpec
+from keda_gpu_scaler.domain.windows import Windowed, window_value
 
 
 class TriggerKey(NamedTuple):
@@ -61,7 +64,10 @@ class Measurement:
     unsupported_labels: tuple[str, ...] = ()
     """Who could not read the metric, labelled like ``labels``."""
     fresh_until: float = math.inf
-    """When the oldest reading used goes stale: the measurement holds until then."""
+    """When the oldest reading used goes stale, or (with a window) the oldest reading in a
+    window leaves it: the measurement holds until then."""
+    readings: tuple[int, ...] = ()
+    """With ``windowSeconds``: how many readings each part's window combined."""
     scope: str = ""
     """Whose GPUs were measured, for a trigger with ``podSelector`` (pods ``app=x`` in ``ns``);
     with no ``parts`` it says why the value is 0 (no matching pod holds a GPU)."""
@@ -175,12 +181,19 @@ def measure(spec: TriggerSpec, snapshot: Snapshot, now: float) -> Measurement:
     parts: list[tuple[int, float]] = []
     labels: list[str] = []
     unsupported: list[DeviceState] = []
+    counts: list[int] = []
+    until = min(_fresh_until(d) for d in selected)
     for device in _counted_once(info.per_parent, selected):
         assert device.reading is not None
         value = info.read(device.reading)
         if value is None:
             unsupported.append(device)
             continue
+        if spec.window_s:
+            who = f"GPU {device.index}" if info.per_parent else _label(device)
+            window = _window(spec, device.history, now, who)
+            value, until = window.value, min(until, window.fresh_until)
+            counts.append(window.readings)
         parts.append((device.index, value))
         # A whole-GPU reading seen through an instance belongs to the GPU.
         label = f"GPU {device.index}" if info.per_parent else _label(device)
@@ -188,7 +201,6 @@ def measure(spec: TriggerSpec, snapshot: Snapshot, now: float) -> Measurement:
     if not parts:
         raise NoData(_unsupported_message(spec, info.needs, unsupported))
     value = aggregate(spec.aggregation, [v for _, v in parts])
-    until = min(_fresh_until(d) for d in selected)
     return Measurement(
         value,
         tuple(parts),
@@ -197,6 +209,13 @@ def measure(spec: TriggerSpec, snapshot: Snapshot, now: float) -> Measurement:
         unsupported_labels=tuple(_label(d) for d in unsupported),
         fresh_until=until if pods is None else min(until, pods.fresh_until),
         scope="" if pods is None else pods.scope,
+        readings=tuple(counts),
+    )
+
+
+def _window(spec: TriggerSpec, history: History, now: float, who: str) -> Windowed:
+    return window_value(
+        history, spec.metric_type, spec.window_aggregation, spec.window_s, now, who=who
     )
 
 
@@ -283,7 +302,17 @@ def _measure_engine(
         raise NoData(f"{spec.metric_type} from {target.url}: {why} (no value, not 0)")
     value *= info.scale
     fresh_until = sample.taken_at + stale_limit_s(sample.period_s)
-    return Measurement(value, ((-1, value),), labels=(target.url,), fresh_until=fresh_until)
+    if not spec.window_s:
+        return Measurement(value, ((-1, value),), labels=(target.url,), fresh_until=fresh_until)
+    history = snapshot.engine_history.get(target.source, EMPTY_HISTORY)
+    window = _window(spec, history, now, target.url)
+    return Measurement(
+        window.value,
+        ((-1, window.value),),
+        labels=(target.url,),
+        fresh_until=min(fresh_until, window.fresh_until),
+        readings=(window.readings,),
+    )
 
 
 def _unsupported_message(spec: TriggerSpec, needs: str | None, devices: list[DeviceState]) -> str:
@@ -314,9 +343,13 @@ def _explain(
     spec: TriggerSpec, measured: Measurement, outcome: CooldownOutcome, active: bool
 ) -> str:
     labels = measured.labels or tuple(f"GPU {i}" for i, _ in measured.parts)
-    parts = ", ".join(
-        f"{label}={v:g}" for label, (_, v) in zip(labels, measured.parts, strict=True)
-    )
+    values = [f"{v:g}" for _, v in measured.parts]
+    if measured.readings:
+        values = [
+            f"{spec.window_aggregation} {v} over {spec.window_s} s ({n} readings)"
+            for v, n in zip(values, measured.readings, strict=True)
+        ]
+    parts = ", ".join(f"{label}={v}" for label, v in zip(labels, values, strict=True))
     if not measured.parts:
         text = f"{spec.metric_type}: {measured.scope}: {measured.value:g}"
     elif measured.scope:

@@ -11,6 +11,7 @@ from types import MappingProxyType
 import msgspec
 
 from keda_gpu_scaler.domain.engines import EngineSample
+from keda_gpu_scaler.domain.history import EMPTY_HISTORY, History
 from keda_gpu_scaler.domain.samples import (
     DeviceKey,
     GpuReading,
@@ -32,13 +33,15 @@ def stale_limit_s(period_s: float) -> float:
 
 
 class DeviceState(msgspec.Struct, frozen=True, kw_only=True):
-    """The last word on one device: its newest reading and whether it is lost."""
+    """The last word on one device: its newest reading, whether it is lost, and the recent
+    values windows read (empty unless a trigger asks for a window)."""
 
     key: DeviceKey
     index: int
     reading: GpuReading | None = None
     lost_reason: str | None = None
     lost_since: float | None = None
+    history: History = EMPTY_HISTORY
 
     def is_lost(self) -> bool:
         return self.lost_reason is not None
@@ -88,6 +91,10 @@ class Snapshot(msgspec.Struct, frozen=True, kw_only=True):
         default_factory=lambda: MappingProxyType({})
     )
     """Newest sample of each engine sampler, by its source name (``EngineTarget.source``)."""
+    engine_history: Mapping[str, History] = msgspec.field(
+        default_factory=lambda: MappingProxyType({})
+    )
+    """Recent values of each engine sampler that windows read, by source name."""
     attribution: PodResourcesReading | None = None
     """The newest good ``List`` of the kubelet PodResources API: who holds which device."""
     pods: PodsReading | None = None

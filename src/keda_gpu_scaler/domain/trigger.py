@@ -3,8 +3,15 @@
 Parse order (the first error wins): defaults, ``profile``, ``metricName``, ``metricType``,
 ``targetValue``, ``targetGpuUtilization``, ``targetMemoryUtilization``,
 ``activationThreshold``, ``gpuIndex``, ``migInstance``, ``aggregation``,
-``pollIntervalSeconds``, endpoints, endpoint-required checks, endpoint validation,
-``cooldownSeconds``, ``podNamespace``, ``podSelector``.
+``windowSeconds``, ``windowAggregation``, ``pollIntervalSeconds``, endpoints,
+endpoint-required checks, endpoint validation, ``cooldownSeconds``, ``podNamespace``,
+``podSelector``.
+
+``windowSeconds`` and ``windowAggregation`` (this product's keys) turn each device's
+newest reading into a rolling window of its readings, combined per device before
+``aggregation`` combines the devices (``domain.windows``); engine metrics get the same over
+their scrapes. ``windowSeconds`` is an integer from 0 (off: the newest reading) to
+``MAX_WINDOW_S``; ``windowAggregation`` without a window is ignored with a warning.
 
 ``podSelector`` and ``podNamespace`` (this product's keys; ``podSelector`` is the name KEDA's
 own ``kubernetes-workload`` scaler uses) narrow a GPU trigger to the devices held by the
@@ -37,6 +44,7 @@ from keda_gpu_scaler.domain.errors import InvalidTrigger
 from keda_gpu_scaler.domain.profiles import PROFILES
 from keda_gpu_scaler.domain.samples import GpuReading
 from keda_gpu_scaler.domain.selector import LabelSelector, parse_selector
+from keda_gpu_scaler.domain.windows import MAX_WINDOW_S, WindowAggregation
 
 _E = TypeVar("_E", bound=enum.StrEnum)
 
@@ -56,6 +64,8 @@ TRIGGER_KEYS: tuple[str, ...] = (
     "gpuIndex",
     "migInstance",
     "aggregation",
+    "windowSeconds",
+    "windowAggregation",
     "pollIntervalSeconds",
     "vllmEndpoint",
     "tritonEndpoint",
@@ -91,6 +101,16 @@ TRIGGER_KEY_HELP: dict[str, tuple[str, str]] = {
     "gpuIndex": ("`-1` (all GPUs)", "NVML index of one physical GPU, as `nvidia-smi` numbers them"),
     "migInstance": ("none", "one MIG instance: its `MIG-…` UUID, or `GPU:GI[:CI]` such as `0:7`"),
     "aggregation": ("`max`", "over the selected GPUs: `max`, `min`, `avg`, `sum`, `p95`, `p99`"),
+    "windowSeconds": (
+        "`0` (the newest reading)",
+        "a rolling window over each GPU's (or the endpoint's) readings, in whole seconds, at "
+        f"most {MAX_WINDOW_S}; unavailable until the window is covered (see the metric reference)",
+    ),
+    "windowAggregation": (
+        "`avg`",
+        "how each GPU's readings in the window combine, before `aggregation`: `avg`, `max`, "
+        "`min`, `p95`, `last`",
+    ),
     "pollIntervalSeconds": ("`10`", "StreamIsActive heartbeat period; an integer of at least 1"),
     "vllmEndpoint": ("none", "vLLM `/metrics` URL (http or https)"),
     "tritonEndpoint": ("none", "Triton `/metrics` URL (http or https)"),
@@ -165,6 +185,11 @@ class TriggerSpec(msgspec.Struct, frozen=True, kw_only=True):
     gpu_index: int = -1
     mig_instance: MigSelector | None = None
     aggregation: Aggregation = Aggregation.MAX
+    window_s: int = 0
+    """``windowSeconds``: 0 reads the newest reading of each device."""
+    window_aggregation: WindowAggregation = WindowAggregation.AVG
+    """``windowAggregation``; the default when ``window_s`` is 0, so it never tells two
+    specs apart there."""
     poll_interval_s: int = DEFAULT_POLL_INTERVAL_S
     vllm_endpoint: str | None = None
     triton_endpoint: str | None = None
@@ -307,6 +332,7 @@ def parse_trigger(metadata: Mapping[str, str], namespace: str = "") -> TriggerSp
         spec = replace(spec, mig_instance=_parse_mig_instance(raw, spec.gpu_index))
     if (raw := _lookup(metadata, "aggregation")) is not None:
         spec = replace(spec, aggregation=_parse_choice("aggregation", raw, Aggregation))
+    spec = _parse_window(metadata, spec, warnings)
     if (raw := _lookup(metadata, "pollIntervalSeconds")) is not None:
         meaning = "must be at least 1 second"
         poll = _parse_int("pollIntervalSeconds", raw, minimum=1, meaning=meaning)
@@ -330,6 +356,31 @@ def parse_trigger(metadata: Mapping[str, str], namespace: str = "") -> TriggerSp
         )
     spec = _parse_pods(metadata, namespace, spec, warnings)
     return replace(spec, warnings=tuple(warnings))
+
+
+def _parse_window(
+    metadata: Mapping[str, str], spec: TriggerSpec, warnings: list[str]
+) -> TriggerSpec:
+    window_s = 0
+    if (raw := _lookup(metadata, "windowSeconds")) is not None:
+        meaning = "must be 0 (off) or a positive number of seconds"
+        window_s = _parse_int("windowSeconds", raw, minimum=0, meaning=meaning)
+        if window_s > MAX_WINDOW_S:
+            raise InvalidTrigger(
+                "windowSeconds",
+                raw,
+                f"must be at most {MAX_WINDOW_S} seconds (the longest history kept per GPU)",
+            )
+    how = WindowAggregation.AVG
+    if (raw := _lookup(metadata, "windowAggregation")) is not None:
+        how = _parse_choice("windowAggregation", raw, WindowAggregation)
+        if window_s == 0:
+            warnings.append(
+                f'windowAggregation "{raw}" is ignored without windowSeconds '
+                "(the newest reading is used)"
+            )
+            how = WindowAggregation.AVG
+    return msgspec.structs.replace(spec, window_s=window_s, window_aggregation=how)
 
 
 def _parse_pods(

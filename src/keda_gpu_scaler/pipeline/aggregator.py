@@ -45,7 +45,8 @@ class Aggregator:
             task_status.started()
             async for first in self._receive:
                 batch = [first, *self._drain()]
-                snapshot = fold(self._hub.current, batch, anyio.current_time())
+                now = anyio.current_time()
+                snapshot = fold(self._hub.current, batch, now, plan=self._hub.history.plan)
                 self._hub.publish(snapshot)
                 for observer in self._observers:
                     observer.folded(batch, snapshot)

@@ -8,6 +8,7 @@ from types import MappingProxyType
 import msgspec
 
 from keda_gpu_scaler.domain.engines import EngineSample
+from keda_gpu_scaler.domain.history import EMPTY_HISTORY, NO_HISTORY, History, HistoryPlan
 from keda_gpu_scaler.domain.samples import (
     Batch,
     DeviceKey,
@@ -20,13 +21,18 @@ from keda_gpu_scaler.domain.samples import (
     unbatch,
 )
 from keda_gpu_scaler.domain.snapshot import DeviceState, Snapshot, SourceState
+from keda_gpu_scaler.domain.windows import extend_device, extend_engine
 
 
-def fold(snapshot: Snapshot, samples: Iterable[Sample], now: float) -> Snapshot:
-    """The snapshot after ``samples``, one version later."""
+def fold(
+    snapshot: Snapshot, samples: Iterable[Sample], now: float, *, plan: HistoryPlan = NO_HISTORY
+) -> Snapshot:
+    """The snapshot after ``samples``, one version later; ``plan`` says what history of
+    each device and engine to keep for windows (none by default)."""
     devices: dict[DeviceKey, DeviceState] = dict(snapshot.devices)
     sources: dict[str, SourceState] = dict(snapshot.sources)
     engines: dict[str, EngineSample] = dict(snapshot.engines)
+    engine_history: dict[str, History] = dict(snapshot.engine_history)
     attribution = snapshot.attribution
     pods = snapshot.pods
     samples = tuple(samples)
@@ -37,6 +43,7 @@ def fold(snapshot: Snapshot, samples: Iterable[Sample], now: float) -> Snapshot:
         if isinstance(sample, SourceStopped):
             sources.pop(sample.source, None)
             engines.pop(sample.source, None)
+            engine_history.pop(sample.source, None)
             if attribution is not None and attribution.source == sample.source:
                 attribution = None
             if pods is not None and pods.source == sample.source:
@@ -44,10 +51,15 @@ def fold(snapshot: Snapshot, samples: Iterable[Sample], now: float) -> Snapshot:
             continue
         source = sources.get(sample.source) or SourceState(name=sample.source)
         if isinstance(sample, GpuReading):
-            devices[sample.key] = DeviceState(key=sample.key, index=sample.index, reading=sample)
+            devices[sample.key] = _read(devices.get(sample.key), sample, plan, now)
             sources[sample.source] = _heard(source, sample.taken_at)
         elif isinstance(sample, EngineSample):
             engines[sample.source] = sample
+            if plan.keeps_any():
+                history = engine_history.get(sample.source, EMPTY_HISTORY)
+                engine_history[sample.source] = extend_engine(history, sample, plan, now)
+            else:
+                engine_history.pop(sample.source, None)
             sources[sample.source] = _heard(source, sample.taken_at, fault=sample.error)
         elif isinstance(sample, PodResourcesReading):
             attribution = sample
@@ -67,9 +79,21 @@ def fold(snapshot: Snapshot, samples: Iterable[Sample], now: float) -> Snapshot:
         devices=MappingProxyType(devices),
         sources=MappingProxyType(sources),
         engines=MappingProxyType(engines),
+        engine_history=MappingProxyType(engine_history),
         attribution=attribution,
         pods=pods,
     )
+
+
+def _read(
+    device: DeviceState | None, reading: GpuReading, plan: HistoryPlan, now: float
+) -> DeviceState:
+    history = EMPTY_HISTORY
+    if plan.keeps_any():
+        history = extend_device(
+            EMPTY_HISTORY if device is None else device.history, reading, plan, now
+        )
+    return DeviceState(key=reading.key, index=reading.index, reading=reading, history=history)
 
 
 def _count_cycle(sources: dict[str, SourceState], name: str) -> None:

@@ -7,7 +7,10 @@ often share one map. So, per server:
   naming it);
 - the measured value of a trigger spec is computed once per snapshot version and shared by
   every stream and unary call with that spec, until a reading it used goes stale;
-- only the cooldown entry and the activity are per ScaledObject (cheap).
+- only the cooldown entry and the activity are per ScaledObject (cheap);
+- a trigger with ``windowSeconds`` tells the hub's :class:`HistoryDemand` to keep that much
+  of its metric's history, as soon as its metadata is first parsed (KEDA's GetMetricSpec),
+  so the window is filling before the first value is asked for.
 
 The one wait allowed on a KEDA call path is for a source's very first sample
 (:meth:`Decider.snapshot_for`).
@@ -84,9 +87,14 @@ class Decider:
             if len(self._specs) >= MAX_CACHED:
                 self._specs.clear()
             self._specs[items] = spec
+            self._demand_history(spec)
         if spec.warnings:
             self._warn_once(spec, namespace, name)
         return spec
+
+    def _demand_history(self, spec: TriggerSpec) -> None:
+        if spec.window_s:
+            self._hub.history.require(spec.metric_type, spec.window_s)
 
     def _warn_once(self, spec: TriggerSpec, namespace: str, name: str) -> None:
         seen = (namespace, name, spec)
@@ -135,10 +143,13 @@ class Decider:
         return cached.result()
 
     def _measure_now(self, spec: TriggerSpec, snapshot: Snapshot, now: float) -> _Measured:
+        self._demand_history(spec)  # a spec that did not come through parse()
         try:
             measured = self._measure(spec, snapshot, now)
         except (NoData, InvalidTrigger) as exc:
-            # A failure holds for the version: stale stays stale, lost stays lost.
+            # A failure holds for the version: stale stays stale, lost stays lost. A window
+            # that is not covered becomes covered only as a stale stretch leaves it; that is
+            # looked at again with the source's next reading, a new version.
             cached = _Measured(snapshot.version, float("inf"), None, exc)
         else:
             cached = _Measured(snapshot.version, measured.fresh_until, measured, None)
