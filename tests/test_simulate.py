@@ -756,3 +756,17 @@ def test_the_bundled_recording_runs_with_its_example() -> None:
     assert [s.replicas for s in result.steps if s.by == KEDA][:3] == [0, 0, 0]
     assert max(s.replicas for s in result.steps) == 2
     assert result.steps[-1].replicas == 0
+
+
+def test_a_windowed_trigger_reads_its_window(tmp_path: Path) -> None:
+    """The simulator keeps the history a window needs, as a running scaler does."""
+    so = scaled_object(pollingInterval=15)
+    metadata = so["spec"]["triggers"][0]["metadata"]
+    metadata |= {"windowSeconds": "30", "windowAggregation": "max"}
+    # 90 until t=20, then 10: the 30 s max window still holds 90 until it slides past.
+    spike = {"demand": False, "steps": [{"at": 0, "value": 90}, {"at": 20, "value": 10}]}
+    result = simulate(tmp_path, so, load(120, gpu_utilization=spike))
+    seen = dict(values(result, by="KEDA"))
+    assert seen[0] is None  # the window is not covered yet: no reading, never a guess
+    assert seen[30] == 90.0  # readings from 1 to 30 s: max 90
+    assert seen[60] == 10.0  # the spike has left the window

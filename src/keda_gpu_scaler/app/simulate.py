@@ -25,6 +25,7 @@ from keda_gpu_scaler.app.simulation.scaledobject import Plan, read_scaled_object
 from keda_gpu_scaler.app.simulation.svg import to_svg
 from keda_gpu_scaler.app.simulation.text import num
 from keda_gpu_scaler.domain.catalog import CATALOG, Origin
+from keda_gpu_scaler.pipeline.hub import HistoryDemand
 
 FORMATS = ("table", "json")
 PLOT_SUFFIXES = (".png", ".svg")
@@ -77,6 +78,11 @@ def run_simulation(
         )
     else:
         raise BadInput("simulate needs --trace FILE or --load LOAD.yaml")
+    # The history windowed triggers read, as the decider asks it of a running scaler.
+    demand = HistoryDemand()
+    for trigger in plan.triggers:
+        demand.require(trigger.spec.metric_type, trigger.spec.window_s)
+    feed.plan = demand.plan
     steps = simulate(plan, feed, replicas)
     return Simulation(plan, source, feed.duration, warnings(plan, feed.gpus), tuple(steps))
 

@@ -30,6 +30,7 @@ from keda_gpu_scaler.domain.engines import (
     VllmReading,
 )
 from keda_gpu_scaler.domain.errors import SourceUnavailable
+from keda_gpu_scaler.domain.history import NO_HISTORY, HistoryPlan
 from keda_gpu_scaler.domain.samples import Batch, DeviceKey, GpuReading, Sample
 from keda_gpu_scaler.domain.snapshot import EMPTY_SNAPSHOT, Snapshot
 from keda_gpu_scaler.pipeline.state import fold
@@ -83,6 +84,8 @@ class Feed(Protocol):
     """Simulated seconds."""
     gpus: int
     """The GPUs the triggers see."""
+    plan: HistoryPlan
+    """The readings the fold keeps for windowed triggers."""
 
     def advance(self, t: float, replicas: int) -> Snapshot:
         """The snapshot once every sample taken at or before ``t`` is folded; samples not
@@ -125,6 +128,8 @@ class LoadFeed:
         self._targets = tuple(dict.fromkeys(engine_targets))
         self._gpu_metrics = [m for m in load.metrics.values() if m.metric_type in _GPU_FIELDS]
         self._snapshot = EMPTY_SNAPSHOT
+        self.plan = NO_HISTORY
+        """The history windowed triggers need (set by the runner before it advances)."""
         self._instants = self._schedule()
         self._next = next(self._instants, None)
 
@@ -139,7 +144,7 @@ class LoadFeed:
         while self._next is not None and self._next <= t:
             at = self._next
             if samples := self._samples(at, replicas):
-                self._snapshot = fold(self._snapshot, samples, at)
+                self._snapshot = fold(self._snapshot, samples, at, plan=self.plan)
             self._next = next(self._instants, None)
         return self._snapshot
 
@@ -207,6 +212,8 @@ class TraceFeed:
         self._identity = identity
         self._done = 0
         self._snapshot = EMPTY_SNAPSHOT
+        self.plan = NO_HISTORY
+        """The history windowed triggers need (set by the runner before it advances)."""
 
     @property
     def indices(self) -> frozenset[int]:
@@ -225,7 +232,8 @@ class TraceFeed:
                 )
                 for f in cycle
             )
-            self._snapshot = fold(self._snapshot, [Batch(source="replay", samples=readings)], at)
+            batch = [Batch(source="replay", samples=readings)]
+            self._snapshot = fold(self._snapshot, batch, at, plan=self.plan)
             self._done += 1
         return self._snapshot
 
