@@ -8,7 +8,6 @@ import os
 import signal
 import subprocess
 import sys
-from pathlib import Path
 
 import anyio
 import pytest
@@ -35,15 +34,6 @@ SERVE_FLAGS = {
         "/run/k.sock",
     ),
     "--pod-resources-interval": ("POD_RESOURCES_INTERVAL", "2", "pod_resources_interval", 2.0),
-    "--agents-tls-ca": ("AGENTS_TLS_CA", "/x/ca.crt", "agents_tls_ca", Path("/x/ca.crt")),
-    "--agents-tls-cert": ("AGENTS_TLS_CERT", "/x/tls.crt", "agents_tls_cert", Path("/x/tls.crt")),
-    "--agents-tls-key": ("AGENTS_TLS_KEY", "/x/tls.key", "agents_tls_key", Path("/x/tls.key")),
-    "--agents-tls-server-name": (
-        "AGENTS_TLS_SERVER_NAME",
-        "agents.gpu.svc",
-        "agents_tls_server_name",
-        "agents.gpu.svc",
-    ),
 }
 
 

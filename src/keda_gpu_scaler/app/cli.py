@@ -245,7 +245,8 @@ SERVE_FLAGS = (
         "NODE_NAME",
         "",
         "this node's name (the Downward API's spec.nodeName): the pods of this node are "
-        "watched for their labels (podSelector), with --pod-resources-socket; empty turns the "
+        "watched for their labels (podSelector), with --pod-resources-socket, and the "
+        "NodeAgent stream names the node with it (empty: the host name); empty turns the "
         "watch off",
         _node_name,
         prefixed=False,
@@ -269,35 +270,6 @@ SERVE_FLAGS = (
         "10",
         "seconds between checks of the TLS files for rotation",
         gocli.positive_duration,
-    ),
-    Flag(
-        "--agents-tls-ca",
-        "AGENTS_TLS_CA",
-        "",
-        "CA bundle (PEM) that node agents' certificates must chain to, on a cluster scaler; "
-        "enables TLS to the agents (without it, a client certificate uses the system's CAs)",
-        _optional_path,
-    ),
-    Flag(
-        "--agents-tls-cert",
-        "AGENTS_TLS_CERT",
-        "",
-        "client certificate chain (PEM) a cluster scaler shows node agents (mutual TLS)",
-        _optional_path,
-    ),
-    Flag(
-        "--agents-tls-key",
-        "AGENTS_TLS_KEY",
-        "",
-        "private key of --agents-tls-cert (PEM, unencrypted)",
-        _optional_path,
-    ),
-    Flag(
-        "--agents-tls-server-name",
-        "AGENTS_TLS_SERVER_NAME",
-        "",
-        "name node agents' certificates are checked against (default: the address dialled, "
-        "a pod IP)",
     ),
     Flag(
         "--log-level",
