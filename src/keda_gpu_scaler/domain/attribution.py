@@ -59,23 +59,37 @@ def live_holders(
 
 
 def attribute(snapshot: Snapshot) -> Attribution | None:
-    """Who holds which device of the snapshot; None without a PodResources answer."""
-    reading = snapshot.attribution
-    if reading is None:
+    """Who holds which device of the snapshot; None without a PodResources answer.
+
+    On a cluster scaler each node agent's answer names its node, and its device IDs name
+    the keys ``<node>/<uuid>``."""
+    readings = [r for r in (snapshot.attribution, *snapshot.node_attributions.values()) if r]
+    if not readings:
         return None
     by_device: dict[DeviceKey, list[DeviceHolder]] = {}
     unmatched: list[DeviceHolder] = []
-    for holder in live_holders(reading, snapshot.pods):
-        key = device_key(holder.device_id)
-        if key in snapshot.devices:
-            by_device.setdefault(key, []).append(holder)
-        else:
-            unmatched.append(holder)
+    for reading in readings:
+        prefix = f"{reading.node}/" if reading.node else ""
+        for holder in live_holders(reading, snapshot.pods):
+            key = DeviceKey(prefix + device_key(holder.device_id))
+            if key in snapshot.devices:
+                by_device.setdefault(key, []).append(holder)
+            else:
+                unmatched.append(holder)
     return Attribution({k: tuple(v) for k, v in by_device.items()}, tuple(unmatched))
 
 
 def unavailable_reason(snapshot: Snapshot, now: float) -> str | None:
-    """Why pod attribution cannot be used now, or None when it can."""
+    """Why pod attribution cannot be used now, or None when it can. On a cluster scaler it
+    can while one node's is fresh: the devices of a node whose attribution is stale count
+    as missing (``domain.coverage``)."""
+    if snapshot.attribution is None and snapshot.node_attributions:
+        if any(
+            now - a.taken_at <= stale_limit_s(a.period_s)
+            for a in snapshot.node_attributions.values()
+        ):
+            return None
+        return "pod attribution is stale on every node (no node agent's kubelet answered)"
     return _unavailable(
         snapshot,
         snapshot.attribution,

@@ -13,10 +13,13 @@ node partitioned, an attribution gone stale). The rule, decided once for every a
 
 from __future__ import annotations
 
+import math
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 from keda_gpu_scaler.domain.aggregation import Aggregation
+from keda_gpu_scaler.domain.errors import InvalidTrigger
 
 DEFAULT_MIN_COVERAGE = 0.75
 MISSING_NAMED = 8
@@ -67,6 +70,25 @@ def refusal(how: Aggregation, coverage: Coverage, min_coverage: float) -> str | 
             f"({coverage.describe()})"
         )
     return None
+
+
+_NUMBER = re.compile(r"(?:\d+(?:\.\d*)?|\.\d+)")
+_NODE = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
+
+
+def parse_min_coverage(raw: str) -> float:
+    """``minCoverage``: a number in (0, 1]."""
+    value = float(raw) if _NUMBER.fullmatch(raw) else math.nan
+    if not 0 < value <= 1:
+        raise InvalidTrigger("minCoverage", raw, "must be a number above 0 and at most 1")
+    return value
+
+
+def parse_node_name(raw: str) -> str:
+    """``nodeName``: a Kubernetes node name (RFC 1123 subdomain)."""
+    if len(raw) > 253 or not _NODE.fullmatch(raw):
+        raise InvalidTrigger("nodeName", raw, "must be a node name (RFC 1123 subdomain)")
+    return raw
 
 
 def coverage_of(selected: int, missing: Sequence[str]) -> Coverage:

@@ -25,6 +25,7 @@ from keda_gpu_scaler.domain.attribution import (
 )
 from keda_gpu_scaler.domain.catalog import CATALOG, MetricInfo
 from keda_gpu_scaler.domain.cooldown import CooldownEntry, CooldownOutcome, apply_cooldown
+from keda_gpu_scaler.domain.coverage import Coverage, refusal
 from keda_gpu_scaler.domain.errors import InvalidTrigger, NoData
 from keda_gpu_scaler.domain.history import EMPTY_HISTORY, History
 from keda_gpu_scaler.domain.samples import DeviceKey
@@ -68,6 +69,8 @@ class Measurement:
     window leaves it: the measurement holds until then."""
     readings: tuple[int, ...] = ()
     """With ``windowSeconds``: how many readings each part's window combined."""
+    coverage: str = ""
+    """Set when a cluster scaler answered from a partial view: who is missing."""
     scope: str = ""
     """Whose GPUs were measured, for a trigger with ``podSelector`` (pods ``app=x`` in ``ns``);
     with no ``parts`` it says why the value is 0 (no matching pod holds a GPU)."""
@@ -107,11 +110,47 @@ def _label(device: DeviceState) -> str:
     return device.label
 
 
+def _gpu_label(device: DeviceState) -> str:
+    """The physical GPU of a device (a MIG instance's parent), with its node on a cluster."""
+    node = device.reading.node if device.reading is not None else ""
+    return f"{node} GPU {device.index}" if node else f"GPU {device.index}"
+
+
+def _on_cluster(snapshot: Snapshot) -> bool:
+    """A cluster scaler's snapshot: its devices were read by node agents, on their nodes."""
+    return bool(snapshot.node_attributions) or any(
+        d.reading is not None and d.reading.node for d in snapshot.devices.values()
+    )
+
+
+def _of_node(spec: TriggerSpec, devices: list[DeviceState]) -> list[DeviceState]:
+    """``nodeName``: that node's devices only."""
+    if spec.node_name is None:
+        return devices
+    chosen = [d for d in devices if d.reading is not None and d.reading.node == spec.node_name]
+    if not chosen:
+        nodes = sorted({d.reading.node for d in devices if d.reading and d.reading.node})
+        raise NoData(
+            f"no GPU of node {spec.node_name} reported (nodes: {', '.join(nodes) or 'none'})"
+        )
+    return chosen
+
+
 def _select(spec: TriggerSpec, snapshot: Snapshot) -> list[DeviceState]:
     """gpuIndex -1: every GPU, a MIG-enabled GPU by its instances; N: physical GPU N."""
     devices = snapshot.ordered_devices()
     if not devices:
         raise NoData("no GPU readings yet")
+    if spec.node_name is None and _on_cluster(snapshot):
+        if spec.gpu_index >= 0:
+            raise InvalidTrigger(
+                "gpuIndex", str(spec.gpu_index), "needs nodeName on a cluster scaler"
+            )
+        if spec.mig_instance is not None:
+            raise InvalidTrigger(
+                "migInstance", str(spec.mig_instance), "needs nodeName on a cluster scaler"
+            )
+    devices = _of_node(spec, devices)
     if spec.mig_instance is not None:
         return _select_instance(spec.mig_instance, devices)
     if spec.gpu_index < 0:
@@ -135,17 +174,59 @@ def _select_instance(selector: MigSelector, devices: list[DeviceState]) -> list[
 
 
 def _check_fresh(device: DeviceState, now: float) -> None:
+    why = _why_missing(device, now)
+    if why is not None:
+        raise NoData(why)
+
+
+def _why_missing(device: DeviceState, now: float) -> str | None:
+    """Why a device has no usable reading now, or None when it has one."""
     if device.lost_reason is not None:
-        raise NoData(f"{_label(device)} ({device.key}) is lost: {device.lost_reason}")
+        return f"{_label(device)} ({device.key}) is lost: {device.lost_reason}"
     reading = device.reading
     if reading is None:
-        raise NoData(f"{_label(device)} ({device.key}) has no reading yet")
+        return f"{_label(device)} ({device.key}) has no reading yet"
     if device.is_stale(now):
         limit = stale_limit_s(reading.period_s)
-        raise NoData(
+        return (
             f"{_label(device)} reading is stale: {now - reading.taken_at:.1f} s old "
             f"(limit {limit:g} s: {STALE_AFTER_PERIODS} sample periods, 1 s at least)"
         )
+    return None
+
+
+def _fresh_part(
+    spec: TriggerSpec, snapshot: Snapshot, selected: list[DeviceState], now: float
+) -> tuple[list[DeviceState], Coverage | None]:
+    """The selected devices to measure. On a node agent every one must be fresh; on a
+    cluster scaler a partial view is answered where the coverage rule allows it."""
+    if not _on_cluster(snapshot):
+        for device in selected:
+            _check_fresh(device, now)
+        return selected, None
+    stale_nodes = set()
+    if spec.pod_selector is not None:
+        stale_nodes = {
+            node
+            for node, a in snapshot.node_attributions.items()
+            if now - a.taken_at > stale_limit_s(a.period_s)
+        }
+    fresh: list[DeviceState] = []
+    missing: list[str] = []
+    for device in selected:
+        why = _why_missing(device, now)
+        node = device.reading.node if device.reading is not None else ""
+        if why is None and node in stale_nodes:
+            why = f"{_label(device)}: the attribution of node {node} is stale"
+        if why is None:
+            fresh.append(device)
+        else:
+            missing.append(why)
+    coverage = Coverage(len(selected), tuple(missing))
+    reason = refusal(spec.aggregation, coverage, spec.min_coverage)
+    if reason is not None:
+        raise NoData(reason)
+    return fresh, coverage if coverage.partial else None
 
 
 def _counted_once(per_parent: bool, devices: list[DeviceState]) -> list[DeviceState]:
@@ -173,11 +254,10 @@ def measure(spec: TriggerSpec, snapshot: Snapshot, now: float) -> Measurement:
         pods = _select_pods(spec, snapshot, now)
         if not pods.devices:
             return Measurement(0.0, (), scope=pods.scope, fresh_until=pods.fresh_until)
-        selected = pods.devices
+        selected = _of_node(spec, pods.devices)
     else:
         selected = _select(spec, snapshot)
-    for device in selected:
-        _check_fresh(device, now)
+    selected, coverage = _fresh_part(spec, snapshot, selected, now)
     parts: list[tuple[int, float]] = []
     labels: list[str] = []
     unsupported: list[DeviceState] = []
@@ -190,13 +270,13 @@ def measure(spec: TriggerSpec, snapshot: Snapshot, now: float) -> Measurement:
             unsupported.append(device)
             continue
         if spec.window_s:
-            who = f"GPU {device.index}" if info.per_parent else _label(device)
+            who = _gpu_label(device) if info.per_parent else _label(device)
             window = _window(spec, device.history, now, who)
             value, until = window.value, min(until, window.fresh_until)
             counts.append(window.readings)
         parts.append((device.index, value))
         # A whole-GPU reading seen through an instance belongs to the GPU.
-        label = f"GPU {device.index}" if info.per_parent else _label(device)
+        label = _gpu_label(device) if info.per_parent else _label(device)
         labels.append(label if pods is None else f"{label} ({pods.holders[device.key]})")
     if not parts:
         raise NoData(_unsupported_message(spec, info.needs, unsupported))
@@ -210,6 +290,7 @@ def measure(spec: TriggerSpec, snapshot: Snapshot, now: float) -> Measurement:
         fresh_until=until if pods is None else min(until, pods.fresh_until),
         scope="" if pods is None else pods.scope,
         readings=tuple(counts),
+        coverage="" if coverage is None else coverage.describe(),
     )
 
 
@@ -361,6 +442,8 @@ def _explain(
         text = f"{spec.metric_type} {spec.aggregation} of [{parts}] = {measured.value:g}"
     if measured.unsupported_labels:
         text += f" (not supported on {', '.join(measured.unsupported_labels)})"
+    if measured.coverage:
+        text += f" (partial view: {measured.coverage})"
     if outcome.held:
         text += f"; cooldown holds {outcome.value:g} for {outcome.remaining_s:.0f} s more"
     verdict = "active" if active else "inactive"

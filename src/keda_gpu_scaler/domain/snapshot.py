@@ -50,9 +50,10 @@ class DeviceState(msgspec.Struct, frozen=True, kw_only=True):
     def label(self) -> str:
         """``GPU 0``, or ``MIG 0:7`` for GPU 0's GPU instance 7: how explanations name it."""
         r = self.reading
+        node = f"{r.node} " if r is not None and r.node else ""
         if r is None or not r.is_mig_instance():
-            return f"GPU {self.index}"
-        return f"MIG {r.parent_index}:{r.gpu_instance_id}"
+            return f"{node}GPU {self.index}"
+        return f"{node}MIG {r.parent_index}:{r.gpu_instance_id}"
 
     def age(self, now: float) -> float | None:
         return None if self.reading is None else now - self.reading.taken_at
@@ -97,6 +98,10 @@ class Snapshot(msgspec.Struct, frozen=True, kw_only=True):
     """Recent values of each engine sampler that windows read, by source name."""
     attribution: PodResourcesReading | None = None
     """The newest good ``List`` of the kubelet PodResources API: who holds which device."""
+    node_attributions: Mapping[str, PodResourcesReading] = msgspec.field(
+        default_factory=lambda: MappingProxyType({})
+    )
+    """On a cluster scaler: each node agent's newest attribution, by node name."""
     pods: PodsReading | None = None
     """This node's pods (labels, phase) as the Kubernetes API last showed them."""
 

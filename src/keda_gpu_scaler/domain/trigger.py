@@ -5,7 +5,10 @@ Parse order (the first error wins): defaults, ``profile``, ``metricName``, ``met
 ``activationThreshold``, ``gpuIndex``, ``migInstance``, ``aggregation``,
 ``windowSeconds``, ``windowAggregation``, ``pollIntervalSeconds``, endpoints,
 endpoint-required checks, endpoint validation, ``cooldownSeconds``, ``podNamespace``,
-``podSelector``.
+``podSelector``, ``nodeName``, ``minCoverage``.
+
+``nodeName`` and ``minCoverage`` (this product's keys) matter on a cluster scaler, which
+sees every node (``domain.coverage``).
 
 ``windowSeconds`` and ``windowAggregation`` (this product's keys) turn each device's
 newest reading into a rolling window of its readings, combined per device before
@@ -38,6 +41,11 @@ import msgspec
 
 from keda_gpu_scaler.domain.aggregation import Aggregation
 from keda_gpu_scaler.domain.catalog import CATALOG, MetricType, Origin
+from keda_gpu_scaler.domain.coverage import (
+    DEFAULT_MIN_COVERAGE,
+    parse_min_coverage,
+    parse_node_name,
+)
 from keda_gpu_scaler.domain.endpoints import endpoint_refusal
 from keda_gpu_scaler.domain.engines import Discovery, EngineTarget
 from keda_gpu_scaler.domain.errors import InvalidTrigger
@@ -75,6 +83,8 @@ TRIGGER_KEYS: tuple[str, ...] = (
     "cooldownSeconds",
     "podSelector",
     "podNamespace",
+    "nodeName",
+    "minCoverage",
 )
 KEDA_KEYS: tuple[str, ...] = ("scalerAddress", "enableTLS", "unsafeSsl")
 
@@ -127,6 +137,15 @@ TRIGGER_KEY_HELP: dict[str, tuple[str, str]] = {
         "none (every GPU)",
         "a Kubernetes label selector (`app=vllm`, `tier in (a,b)`, `!canary`): only the GPUs "
         "held by matching pods count",
+    ),
+    "nodeName": (
+        "none (every node)",
+        "on a cluster scaler: only this node's GPUs; needed there by `gpuIndex` and `migInstance`",
+    ),
+    "minCoverage": (
+        "`0.75`",
+        "on a cluster scaler: the share of selected GPUs that must be fresh for `avg`, `max`, "
+        "`min`, `p95`, `p99` to be answered from the fresh ones (`sum` needs them all)",
     ),
     "podNamespace": (
         "the ScaledObject's namespace",
@@ -197,6 +216,9 @@ class TriggerSpec(msgspec.Struct, frozen=True, kw_only=True):
     sglang_endpoint: str | None = None
     endpoint_discovery: Discovery = Discovery.STATIC
     cooldown_s: int = DEFAULT_COOLDOWN_S
+    node_name: str | None = None
+    """On a cluster scaler: only this node's devices."""
+    min_coverage: float = DEFAULT_MIN_COVERAGE
     pod_selector: LabelSelector | None = None
     pod_namespace: str | None = None
     """Set with ``pod_selector`` only: the namespace its pods are looked up in."""
@@ -355,6 +377,10 @@ def parse_trigger(metadata: Mapping[str, str], namespace: str = "") -> TriggerSp
             spec, cooldown_s=_parse_int("cooldownSeconds", raw, minimum=0, meaning=meaning)
         )
     spec = _parse_pods(metadata, namespace, spec, warnings)
+    if raw := _lookup(metadata, "nodeName"):
+        spec = replace(spec, node_name=parse_node_name(raw))
+    if (raw := _lookup(metadata, "minCoverage")) is not None:
+        spec = replace(spec, min_coverage=parse_min_coverage(raw))
     return replace(spec, warnings=tuple(warnings))
 
 

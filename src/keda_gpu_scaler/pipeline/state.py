@@ -34,6 +34,7 @@ def fold(
     engines: dict[str, EngineSample] = dict(snapshot.engines)
     engine_history: dict[str, History] = dict(snapshot.engine_history)
     attribution = snapshot.attribution
+    node_attributions: dict[str, PodResourcesReading] = dict(snapshot.node_attributions)
     pods = snapshot.pods
     samples = tuple(samples)
     for item in samples:
@@ -48,6 +49,11 @@ def fold(
                 attribution = None
             if pods is not None and pods.source == sample.source:
                 pods = None
+            # A link to a node agent that left: its node's devices and attribution too.
+            for key in [k for k, d in devices.items() if _published_by(d, sample.source)]:
+                del devices[key]
+            for node in [n for n, a in node_attributions.items() if _under(a.source, sample)]:
+                del node_attributions[node]
             continue
         source = sources.get(sample.source) or SourceState(name=sample.source)
         if isinstance(sample, GpuReading):
@@ -62,7 +68,10 @@ def fold(
                 engine_history.pop(sample.source, None)
             sources[sample.source] = _heard(source, sample.taken_at, fault=sample.error)
         elif isinstance(sample, PodResourcesReading):
-            attribution = sample
+            if sample.node:  # a node agent's, on a cluster scaler
+                node_attributions[sample.node] = sample
+            else:
+                attribution = sample
             sources[sample.source] = _heard(source, sample.taken_at)
         elif isinstance(sample, PodsReading):
             pods = sample
@@ -81,7 +90,18 @@ def fold(
         engines=MappingProxyType(engines),
         engine_history=MappingProxyType(engine_history),
         attribution=attribution,
+        node_attributions=MappingProxyType(node_attributions),
         pods=pods,
+    )
+
+
+def _under(source: str, stopped: SourceStopped) -> bool:
+    return source == stopped.source or source.startswith(stopped.source + "/")
+
+
+def _published_by(device: DeviceState, source: str) -> bool:
+    return (
+        device.reading is not None and device.reading.node != "" and device.reading.source == source
     )
 
 
