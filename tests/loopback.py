@@ -11,13 +11,16 @@ from keda_gpu_scaler.pipeline.supervisor import Sampler
 
 
 @asynccontextmanager
-async def loopback_scaler(source: Sampler, **options: Any) -> AsyncIterator[RunningScaler]:
-    """gRPC, metrics and probes on free loopback ports; ``options`` override the defaults."""
+async def loopback_scaler(
+    source: Sampler, *, port: int = 0, **options: Any
+) -> AsyncIterator[RunningScaler]:
+    """gRPC (on ``port``; 0: a free one), metrics and probes on free loopback ports;
+    ``options`` override the defaults."""
     settings: dict[str, Any] = {
         "metrics_port": 0,
         "probe_port": 0,
         "health_check_interval_s": 0.001,
         **options,
     }
-    async with open_scaler(source, host="127.0.0.1", port=0, **settings) as running:
+    async with open_scaler(source, host="127.0.0.1", port=port, **settings) as running:
         yield running

@@ -8,6 +8,7 @@ import os
 import signal
 import subprocess
 import sys
+from pathlib import Path
 
 import anyio
 import pytest
@@ -34,6 +35,16 @@ SERVE_FLAGS = {
         "/run/k.sock",
     ),
     "--pod-resources-interval": ("POD_RESOURCES_INTERVAL", "2", "pod_resources_interval", 2.0),
+    "--agents-tls-ca": ("AGENTS_TLS_CA", "/x/ca.crt", "agents_tls_ca", Path("/x/ca.crt")),
+    "--agents-tls-cert": ("AGENTS_TLS_CERT", "/x/tls.crt", "agents_tls_cert", Path("/x/tls.crt")),
+    "--agents-tls-key": ("AGENTS_TLS_KEY", "/x/tls.key", "agents_tls_key", Path("/x/tls.key")),
+    "--agents-tls-server-name": (
+        "AGENTS_TLS_SERVER_NAME",
+        "agents.gpu.svc",
+        "agents_tls_server_name",
+        "agents.gpu.svc",
+    ),
+    "--agents": ("AGENTS", "static:127.0.0.1:6000", "agents", "static:127.0.0.1:6000"),
 }
 
 
@@ -59,6 +70,17 @@ def test_the_flag_table_covers_every_serve_flag() -> None:
         "--gpu-resource-names",
         "--node-name",
     }
+
+
+def test_a_bad_agents_value_is_a_usage_error(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exited:
+        build_parser().parse_args(["serve", "--agents", "carrier-pigeon:x"])
+    assert exited.value.code == 2
+    assert "--agents" in capsys.readouterr().err
+
+
+def test_source_agents_needs_agents() -> None:
+    assert cli.main(["serve", "--source", "agents", "--port", "0"]) == 2
 
 
 def test_attribution_flags_and_their_variables(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -27,6 +27,7 @@ try:
     from keda_gpu_scaler.app.logs import LEVELS, configure_logging
 
     if TYPE_CHECKING:
+        from keda_gpu_scaler.pipeline.supervisor import Sampler
         from keda_gpu_scaler.serving.tls import ReloadingTlsContext
 except KeyboardInterrupt:  # Ctrl-C while the command loads: quiet, like Ctrl-C later
     raise SystemExit(130) from None
@@ -74,6 +75,18 @@ def _resource_names(text: str) -> object:
         return ResourceNames.parse(text)
     except ValueError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _agents(text: str) -> str:
+    if not text:
+        return text
+    from keda_gpu_scaler.sources.agents import parse_agents
+
+    try:
+        parse_agents(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    return text
 
 
 def _node_name(text: str) -> str:
@@ -170,7 +183,13 @@ class _Parser(argparse.ArgumentParser):
 SERVE_FLAGS = (
     Flag("--host", "HOST", "0.0.0.0", "address to listen on"),
     Flag("--port", "PORT", "6000", "gRPC port of the External Scaler; 0 picks a free one", port),
-    Flag("--source", "SOURCE", "nvml", "nvml, replay (the bundled H200 trace) or replay:PATH"),
+    Flag(
+        "--source",
+        "SOURCE",
+        "nvml",
+        "nvml, replay (the bundled H200 trace), replay:PATH, or agents (a cluster scaler: "
+        "the node agents named by --agents)",
+    ),
     Flag("--interval", "INTERVAL", "1.0", "NVML sampling period, seconds", gocli.positive_duration),
     Flag(
         "--metrics-port",
@@ -272,6 +291,43 @@ SERVE_FLAGS = (
         gocli.positive_duration,
     ),
     Flag(
+        "--agents",
+        "AGENTS",
+        "",
+        "with --source agents (a cluster scaler): where the node agents are, "
+        "endpoints:NAMESPACE/SERVICE:PORT, dns:HOST:PORT or static:HOST:PORT[,HOST:PORT...]",
+        _agents,
+    ),
+    Flag(
+        "--agents-tls-ca",
+        "AGENTS_TLS_CA",
+        "",
+        "CA bundle (PEM) that node agents' certificates must chain to, on a cluster scaler; "
+        "enables TLS to the agents (without it, a client certificate uses the system's CAs)",
+        _optional_path,
+    ),
+    Flag(
+        "--agents-tls-cert",
+        "AGENTS_TLS_CERT",
+        "",
+        "client certificate chain (PEM) a cluster scaler shows node agents (mutual TLS)",
+        _optional_path,
+    ),
+    Flag(
+        "--agents-tls-key",
+        "AGENTS_TLS_KEY",
+        "",
+        "private key of --agents-tls-cert (PEM, unencrypted)",
+        _optional_path,
+    ),
+    Flag(
+        "--agents-tls-server-name",
+        "AGENTS_TLS_SERVER_NAME",
+        "",
+        "name node agents' certificates are checked against (default: the address dialled, "
+        "a pod IP)",
+    ),
+    Flag(
         "--log-level",
         "LOG_LEVEL",
         "info",
@@ -370,6 +426,33 @@ def _listeners(args: argparse.Namespace) -> list[tuple[str, int]]:
     return [grpc, *http]
 
 
+def _cluster_sources(args: argparse.Namespace) -> tuple[Sampler, list[Sampler]]:
+    """A cluster scaler: links to the node agents, and the pods of every node."""
+    from keda_gpu_scaler.app.compose import build_agents_source, build_cluster_pods
+    from keda_gpu_scaler.domain.errors import SourceUnavailable
+    from keda_gpu_scaler.sources.agents import AgentTlsConfig
+
+    if not args.agents:
+        raise SourceUnavailable(
+            f"--source agents needs {named(args, '--agents')}: where the node agents are "
+            "(endpoints:NAMESPACE/SERVICE:PORT, dns:HOST:PORT or static:HOST:PORT)"
+        )
+    tls = None
+    if (
+        args.agents_tls_ca
+        or args.agents_tls_cert
+        or args.agents_tls_key
+        or args.agents_tls_server_name
+    ):
+        tls = AgentTlsConfig(
+            args.agents_tls_ca,
+            args.agents_tls_cert,
+            args.agents_tls_key,
+            args.agents_tls_server_name,
+        )
+    return build_agents_source(args.agents, tls=tls), build_cluster_pods()
+
+
 async def _serve(args: argparse.Namespace) -> int:
     import anyio
 
@@ -383,15 +466,18 @@ async def _serve(args: argparse.Namespace) -> int:
     )
     from keda_gpu_scaler.sources.engines.http import ScrapePolicy
 
-    source = build_source(args.source, interval_s=args.interval)
-    attribution = build_attribution(
-        AttributionOptions(
-            socket_path=args.pod_resources_socket,
-            interval_s=args.pod_resources_interval,
-            resource_names=args.gpu_resource_names,
-            node_name=args.node_name,
+    if args.source == "agents":
+        source, attribution = _cluster_sources(args)
+    else:
+        source = build_source(args.source, interval_s=args.interval)
+        attribution = build_attribution(
+            AttributionOptions(
+                socket_path=args.pod_resources_socket,
+                interval_s=args.pod_resources_interval,
+                resource_names=args.gpu_resource_names,
+                node_name=args.node_name,
+            )
         )
-    )
     tls = _tls(args)
     check_listen(named(args, "--host"), args.host, _listeners(args))
     with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:

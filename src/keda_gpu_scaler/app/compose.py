@@ -5,7 +5,7 @@ from __future__ import annotations
 import gc
 import logging
 import socket
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from functools import partial
@@ -15,12 +15,13 @@ from typing import TYPE_CHECKING
 
 import anyio
 import httpx
-from anyio.abc import TaskGroup
+from anyio.abc import TaskGroup, TaskStatus
 from anyio.streams.memory import MemoryObjectSendStream
 
 from keda_gpu_scaler.domain.engines import EngineTarget
 from keda_gpu_scaler.domain.errors import SourceUnavailable
-from keda_gpu_scaler.domain.samples import Sample
+from keda_gpu_scaler.domain.samples import AgentsReading, AgentTarget, Sample
+from keda_gpu_scaler.pipeline.agents import AgentLinks
 from keda_gpu_scaler.pipeline.aggregator import Aggregator, FoldObserver
 from keda_gpu_scaler.pipeline.engines import EngineSubscriptions
 from keda_gpu_scaler.pipeline.hub import SnapshotHub
@@ -46,6 +47,7 @@ from keda_gpu_scaler.sources.engines.sampler import DEFAULT_INTERVAL_S, EngineSa
 from keda_gpu_scaler.sources.replay import ReplaySampler
 
 if TYPE_CHECKING:
+    from keda_gpu_scaler.sources.agents import AgentDiscovery, AgentTlsConfig
     from keda_gpu_scaler.sources.kubelet import ResourceNames
 
 log = logging.getLogger(__name__)
@@ -67,6 +69,69 @@ def build_source(spec: str, *, interval_s: float = 1.0) -> Sampler:
 
         return open_nvml_sampler(interval_s=interval_s)
     raise SourceUnavailable(f'unknown source "{spec}": use nvml, replay or replay:PATH')
+
+
+class AgentsSource:
+    """A cluster scaler's source: discovery of the node agents and one link per ready agent
+    (``--source agents --agents SPEC``). Each link is a supervised sampler of its own, so one
+    agent's failures never touch another's readings."""
+
+    name = "agents"
+
+    def __init__(
+        self,
+        discovery: AgentDiscovery,
+        link: Callable[[AgentTarget], Sampler],
+    ) -> None:
+        self._discovery = discovery
+        self._link = link
+
+    async def run(
+        self,
+        send: MemoryObjectSendStream[Sample],
+        *,
+        task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED,
+    ) -> None:
+        targets, found = anyio.create_memory_object_stream[AgentsReading](16)
+        links = AgentLinks(found, send, self._link)
+        async with anyio.create_task_group() as tg:
+            await tg.start(links.run)
+            await tg.start(self._discovery.run, targets)
+            task_status.started()
+
+
+def build_agents_source(
+    spec: str,
+    *,
+    tls: AgentTlsConfig | None = None,
+    kubeconfig: str | None = None,
+) -> AgentsSource:
+    """``--agents SPEC`` (``endpoints:``, ``dns:``, ``static:``) and the links' TLS settings.
+
+    Raises :class:`SourceUnavailable` (bad TLS files) or ``ValueError`` (a bad SPEC)."""
+    from keda_gpu_scaler.sources.agents import (
+        AgentLink,
+        build_agent_client_context,
+        discovery_for,
+        parse_agents,
+    )
+
+    context = None if tls is None else build_agent_client_context(tls)
+    server_name = "" if tls is None else tls.server_name
+    discovery = discovery_for(parse_agents(spec), kubeconfig=kubeconfig)
+    return AgentsSource(
+        discovery, lambda target: AgentLink(target, ssl=context, server_name=server_name)
+    )
+
+
+def build_cluster_pods(
+    namespaces: Sequence[str] | None = None, *, kubeconfig: str | None = None
+) -> list[Sampler]:
+    """A cluster scaler's pod watch: the pods of every node (all namespaces, or these),
+    whose labels ``podSelector`` triggers match."""
+    from keda_gpu_scaler.sources.kube import PodWatcher
+
+    return [PodWatcher.cluster(namespaces, kubeconfig=kubeconfig)]
 
 
 @dataclass(frozen=True, slots=True)
