@@ -183,6 +183,7 @@ async def test_an_agent_killed_is_a_partial_view_then_recovers(
     assert "sum is never answered from a partial view" in await _unavailable(
         cluster, mods, aggregation="sum", minCoverage="0.1"
     )
+    assert _partial_answers(cluster) >= 1
     # vllm-2's GPU is on the dead node: two of three of the workload's GPUs.
     assert await _value(cluster, mods, podSelector="app=vllm", minCoverage="0.6") == 30.0
     await cluster.start("node-c", port)
@@ -194,3 +195,15 @@ async def test_an_agent_killed_is_a_partial_view_then_recovers(
             except grpc.RpcError:
                 pass
             await anyio.sleep(0.1)
+
+
+def _partial_answers(cluster: Cluster) -> float:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    text = cluster.scaler.metrics.render().decode()
+    return sum(
+        sample.value
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+        if sample.name == "keda_gpu_scaler_partial_answers_total"
+    )

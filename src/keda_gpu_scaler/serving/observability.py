@@ -98,6 +98,12 @@ class SelfMetrics:
             buckets=_LATENCY_BUCKETS,
             registry=self.registry,
         )
+        self.partial_answers = Counter(
+            f"{PREFIX}_partial_answers",
+            "decisions a cluster scaler made from a partial view (some selected GPUs missing)",
+            ["trigger", "metric"],
+            registry=self.registry,
+        )
         self._rpc_children: dict[tuple[str, str], Counter] = {}
         self._latency_children: dict[str, Histogram] = {}
 
@@ -123,6 +129,8 @@ class SelfMetrics:
 
     def decided(self, key: TriggerKey, rpc: str, decision: Decision, now: float) -> None:
         self.decisions.record(key, decision, now)
+        if decision.measurement.coverage:
+            self.partial_answers.labels(str(key), key.spec.metric_name).inc()
         if self._tap is not None and self._tap.listening:
             self._tap.publish(_tap_decision(key, rpc, now, decision.explanation, decision))
 
