@@ -15,8 +15,9 @@ the code under test runs its real client stack (kr8s, httpx) through a kubeconfi
 What it models:
 
 - Pods, with one resourceVersion counter bumped on every change (as etcd's revision).
-  A list (``GET /api/v1/pods``, ``fieldSelector=spec.nodeName=...``, ``limit`` and
-  ``continue``) answers a ``PodList`` with ``metadata.resourceVersion``.
+  A list (``GET /api/v1/pods``, or one namespace's ``/api/v1/namespaces/<ns>/pods``;
+  ``fieldSelector=spec.nodeName=...``, ``limit`` and ``continue``) answers a ``PodList``
+  with ``metadata.resourceVersion``.
 - EndpointSlices (``discovery.k8s.io/v1``), on the same counter and history:
   ``GET /apis/discovery.k8s.io/v1/namespaces/<ns>/endpointslices`` (or every namespace's,
   without ``namespaces/<ns>``) with a ``labelSelector`` of equality terms (``k=v``,
@@ -32,7 +33,8 @@ What it models:
   event with ``too_old="event"``).
 - Scripts: :meth:`~FakeKubeApi.bookmark`, :meth:`~FakeKubeApi.send_error`,
   :meth:`~FakeKubeApi.end_watches`, :meth:`~FakeKubeApi.drop_connections`,
-  :meth:`~FakeKubeApi.fail` (an error status for the next requests), a bearer token that
+  :meth:`~FakeKubeApi.fail` (an error status for the next requests, of one namespace's
+  collection or of all), a bearer token that
   must be sent, :meth:`~FakeKubeApi.take_down` / :meth:`~FakeKubeApi.bring_up` (nothing
   listens on the port meanwhile) and :meth:`~FakeKubeApi.hang` (connections accepted,
   never answered).
@@ -72,6 +74,7 @@ every EndpointSlice request, or ``/version``."""
 Kind = Literal["pods", "endpointslices"]
 
 PODS_PATH = "/api/v1/pods"
+_PODS_PATH = re.compile(r"/api/v1(?:/namespaces/([^/]+))?/pods")
 SLICES_GROUP = "/apis/discovery.k8s.io/v1"
 SERVICE_NAME_LABEL = "kubernetes.io/service-name"
 _SLICES_PATH = re.compile(r"/apis/discovery\.k8s\.io/v1(?:/namespaces/([^/]+))?/endpointslices")
@@ -95,7 +98,15 @@ class RecordedRequest:
     authorization: str | None
 
     def is_pods(self) -> bool:
-        return self.path == PODS_PATH
+        """A request for pods: of every namespace, or of one (``namespace``)."""
+        return _PODS_PATH.fullmatch(self.path) is not None
+
+    @property
+    def namespace(self) -> str | None:
+        """The namespace in the path of a pod or EndpointSlice request; None for every
+        namespace's (or any other request)."""
+        found = _PODS_PATH.fullmatch(self.path) or _SLICES_PATH.fullmatch(self.path)
+        return found.group(1) if found is not None else None
 
     def is_slices(self) -> bool:
         return _SLICES_PATH.fullmatch(self.path) is not None
@@ -115,8 +126,11 @@ class _Failure:
     message: str
     on: Target
     remaining: float
+    namespace: str | None = None
 
     def applies(self, request: RecordedRequest) -> bool:
+        if self.namespace is not None and request.namespace != self.namespace:
+            return False
         return _applies(self.on, request)
 
 
@@ -415,11 +429,14 @@ class FakeKubeApi:
         *,
         on: Target = "pods",
         count: int | None = None,
+        namespace: str | None = None,
     ) -> None:
         """Answer ``status`` with a Status object to the next ``count`` requests ``on``
-        (None: until :meth:`heal`)."""
+        (None: until :meth:`heal`); with ``namespace``, only to the requests of that
+        namespace's collection (``/api/v1/namespaces/<ns>/pods``, ...)."""
         text = message or f"the fake API answers {status}"
-        self._failures.append(_Failure(status, text, on, math.inf if count is None else count))
+        remaining = math.inf if count is None else count
+        self._failures.append(_Failure(status, text, on, remaining, namespace))
 
     def heal(self) -> None:
         """Forget every scripted failure and stop hanging."""
@@ -787,7 +804,15 @@ def _selection(req: RecordedRequest) -> tuple[Kind, Selects]:
     this fake does not serve (answered 400, as an API server answers one it cannot parse)."""
     if req.is_pods():
         node = _node_of(req.query.get("fieldSelector", ""))
-        return "pods", lambda pod: _on_node(pod, node)
+        namespace = req.namespace
+
+        def selects_pod(pod: Json | None) -> bool:
+            in_namespace = pod is not None and (
+                namespace is None or pod["metadata"]["namespace"] == namespace
+            )
+            return in_namespace and _on_node(pod, node)
+
+        return "pods", selects_pod
     found = _SLICES_PATH.fullmatch(req.path)
     assert found is not None
     namespace = found.group(1)

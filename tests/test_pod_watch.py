@@ -132,6 +132,7 @@ async def test_lists_this_nodes_pods_then_watches_from_the_lists_version(tmp_pat
         uid="00000000-0000-4000-8000-000000000003",
         labels={"app": "vllm"},
         phase="Pending",
+        node=NODE,
     )
     listed, watched = api.pod_requests()
     assert dict(listed.query) == {"fieldSelector": SELECTOR, "limit": "500", "resourceVersion": "0"}

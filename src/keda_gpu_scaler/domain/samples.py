@@ -146,7 +146,7 @@ class PodResourcesReading(
 
 
 class PodInfo(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
-    """A pod of this node as the Kubernetes API last showed it."""
+    """A pod (of this node, or of the cluster) as the Kubernetes API last showed it."""
 
     namespace: str
     name: str
@@ -155,6 +155,8 @@ class PodInfo(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
     phase: str = ""
     """``Pending``, ``Running``, ``Succeeded``, ``Failed`` or ``Unknown``; a pod that has
     terminated (``Succeeded``, ``Failed``) holds no GPU, whatever the kubelet still lists."""
+    node: str = ""
+    """The node it is scheduled on (``spec.nodeName``); empty while it is not scheduled."""
 
     def terminated(self) -> bool:
         return self.phase in ("Succeeded", "Failed")

@@ -81,8 +81,9 @@ class Resource(Generic[T]):
     """``v1``, or a group version such as ``discovery.k8s.io/v1``."""
     path: str
     """``pods``, ``namespaces/<ns>/endpointslices``, ..."""
-    selector: tuple[str, str]
-    """``("fieldSelector", "spec.nodeName=node-a")``, ``("labelSelector", ...)``."""
+    selector: tuple[str, str] | None
+    """``("fieldSelector", "spec.nodeName=node-a")``, ``("labelSelector", ...)``; None for
+    the whole collection."""
     codec: Codec[Any, T]
     key: Callable[[T], Key]
     title: str
@@ -91,8 +92,12 @@ class Resource(Generic[T]):
     def what(self, verb: str) -> str:
         """The request as failures name it: ``list /api/v1/pods?fieldSelector=...``."""
         base = "api" if self.version == "v1" else "apis"
-        name, value = self.selector
-        return f"{verb} /{base}/{self.version}/{self.path}?{name}={value}"
+        query = "" if self.selector is None else "?{}={}".format(*self.selector)
+        return f"{verb} /{base}/{self.version}/{self.path}{query}"
+
+    def selector_params(self) -> dict[str, str]:
+        """The selector as query parameters (none for the whole collection)."""
+        return {} if self.selector is None else dict([self.selector])
 
 
 @dataclass(frozen=True, slots=True)
@@ -211,7 +216,7 @@ class ListWatch(Generic[T]):
 
     async def _list(self, io: _Io) -> None:
         what = self.resource.what("list")
-        selector = dict([self.resource.selector])
+        selector = self.resource.selector_params()
         # resourceVersion=0 lets the first list come from the API server's watch cache
         # (cheap for a DaemonSet's worth of lists); a list after 410 reads the latest, which
         # the watch can resume from.
@@ -238,7 +243,7 @@ class ListWatch(Generic[T]):
     async def _watch(self, io: _Io) -> None:
         timeout_s = self._rng.randint(-(-self._watch_timeout_s * 3 // 4), self._watch_timeout_s)
         params = {
-            **dict([self.resource.selector]),
+            **self.resource.selector_params(),
             "watch": "true",
             "resourceVersion": self.store.resource_version or "",
             "allowWatchBookmarks": "true",

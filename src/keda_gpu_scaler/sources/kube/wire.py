@@ -5,7 +5,7 @@ A list answers one JSON list object (``PodList``, ``EndpointSliceList``, ...)::
     {"kind": "PodList", "metadata": {"resourceVersion": "812", "continue": "..."},
      "items": [{"metadata": {"namespace": "ml", "name": "vllm-0", "uid": "...",
                              "labels": {...}, "resourceVersion": "790"},
-                "status": {"phase": "Running"}, ...}]}
+                "spec": {"nodeName": "node-a", ...}, "status": {"phase": "Running"}}]}
 
 A watch answers one JSON event per line, ``{"type": ..., "object": ...}``:
 
@@ -197,8 +197,13 @@ class _Phase(msgspec.Struct):
     phase: str = ""
 
 
+class _Spec(msgspec.Struct, rename="camel"):
+    node_name: str = ""
+
+
 class _Pod(msgspec.Struct):
     metadata: _Meta
+    spec: _Spec | None = None
     status: _Phase | None = None
 
 
@@ -210,6 +215,7 @@ def _info(pod: _Pod) -> PodInfo:
         uid=meta.uid,
         labels=meta.labels or {},
         phase=pod.status.phase if pod.status is not None else "",
+        node=pod.spec.node_name if pod.spec is not None else "",
     )
 
 
@@ -220,7 +226,7 @@ POD_CODEC: Codec[_Pod, PodInfo] = Codec(
     convert=_info,
     version_of=lambda pod: pod.metadata.resource_version,
 )
-"""Pods: namespace, name, uid, labels and phase, nothing else."""
+"""Pods: namespace, name, uid, labels, phase and node, nothing else."""
 
 
 def decode_page(body: bytes) -> Page[PodInfo]:
