@@ -28,6 +28,7 @@ from keda_gpu_scaler.domain.trigger import KEDA_KEYS, parse_trigger
 from keda_gpu_scaler.pipeline.hub import SnapshotHub
 from keda_gpu_scaler.pipeline.tap import Tap
 from keda_gpu_scaler.serving.observability import SelfMetrics
+from keda_gpu_scaler.sources.agents import EndpointsAgents, parse_agents
 from tests.k8s_tools import (
     KUBERNETES_VERSION,
     Obj,
@@ -521,6 +522,307 @@ def test_service_monitor_scrapes_each_pod_once() -> None:
     for endpoint in spec["endpoints"]:
         assert endpoint["port"] in {p["name"] for p in service["spec"]["ports"]}
         assert endpoint["path"] == "/metrics"
+
+
+# --- the cluster overlay: node agents and the cluster scaler --------------------------------
+
+CLUSTER = "overlays/cluster"
+CLUSTER_SCALER = "keda-gpu-scaler-cluster"
+CLUSTER_READER_RULES = [
+    {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch"]},
+    {
+        "apiGroups": ["discovery.k8s.io"],
+        "resources": ["endpointslices"],
+        "verbs": ["get", "list", "watch"],
+    },
+]
+CLUSTER_KINDS = {"ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Service"}
+CLUSTER_KINDS |= {"DaemonSet", "Deployment", "NetworkPolicy"}
+
+
+def by_name(docs: tuple[Obj, ...], kind: str, name: str) -> Obj:
+    (doc,) = [d for d in of_kind(docs, kind) if d["metadata"]["name"] == name]
+    return doc
+
+
+def cluster_deployment(docs: tuple[Obj, ...]) -> Obj:
+    return by_name(docs, "Deployment", CLUSTER_SCALER)
+
+
+def cluster_container(docs: tuple[Obj, ...]) -> Obj:
+    (c,) = cluster_deployment(docs)["spec"]["template"]["spec"]["containers"]
+    result: Obj = c
+    return result
+
+
+def pod_labels_of(workload: Obj) -> dict[str, str]:
+    labels: dict[str, str] = workload["spec"]["template"]["metadata"]["labels"]
+    return labels
+
+
+def selects(selector: dict[str, str], labels: dict[str, str]) -> bool:
+    return bool(selector) and selector.items() <= labels.items()
+
+
+def agents_part(docs: tuple[Obj, ...]) -> tuple[Obj, ...]:
+    """The overlay without the cluster scaler's objects: what the node agents are."""
+    return tuple(
+        d
+        for d in docs
+        if d["metadata"]["labels"]["app.kubernetes.io/component"] != "cluster-scaler"
+        and d["kind"] not in ("Deployment", "NetworkPolicy")
+    )
+
+
+def test_cluster_overlay_renders_and_validates() -> None:
+    docs = render(CLUSTER)
+    assert {d["kind"] for d in docs} == CLUSTER_KINDS
+    for doc in docs:
+        assert doc["metadata"]["labels"]["app.kubernetes.io/name"] == "keda-gpu-scaler"
+        assert_namespaced(doc)
+        assert validate(doc), doc["kind"]
+    assert of_kind(docs, "Namespace") == of_kind(docs, "Role") == of_kind(docs, "RoleBinding") == []
+
+
+def test_cluster_overlay_keeps_the_base_agents() -> None:
+    """The node agents are the base's DaemonSet, account and role, unchanged."""
+    docs = render(CLUSTER)
+    base = {(d["kind"], d["metadata"]["name"]): d for d in render("base")}
+    agents = {(d["kind"], d["metadata"]["name"]): d for d in agents_part(docs)}
+    # The base's objects but KEDA's Service (the cluster scaler's now), and the agents'
+    # discovery Service.
+    kedas = ("Service", "keda-gpu-scaler")
+    discovery = ("Service", "keda-gpu-scaler-agents")
+    assert set(agents) == set(base) - {kedas} | {discovery}
+    for key, doc in agents.items():
+        if key != discovery:
+            assert doc == base[key], key
+    assert daemonset_of(docs) == daemonset("base")
+    assert_hardened(agents_part(docs))
+
+
+def assert_cluster_scaler_locked_down(docs: tuple[Obj, ...]) -> None:
+    """Two replicas of the DaemonSet's image as the locked-down pod: uid 65532, no host
+    access, no GPU, no GPU runtime, a token of its own account."""
+    deployment = cluster_deployment(docs)
+    spec = deployment["spec"]
+    pod = spec["template"]["spec"]
+    c = cluster_container(docs)
+    assert spec["replicas"] == 2
+    assert spec["selector"]["matchLabels"].items() <= pod_labels_of(deployment).items()
+    assert c["image"] == container_of(docs)["image"] == f"{IMAGE}:{__version__}"
+    for key in ("hostNetwork", "hostPID", "hostIPC", "hostUsers", "runtimeClassName"):
+        assert key not in pod, key
+    assert host_paths(pod) == []
+    assert "nvidia.com/gpu.present" not in pod.get("nodeSelector", {})
+    assert pod["enableServiceLinks"] is False
+    security = pod["securityContext"]
+    assert security["runAsUser"] == security["runAsGroup"] == SCALER_UID
+    assert security["runAsNonRoot"] is True
+    assert security["seccompProfile"] == {"type": "RuntimeDefault"}
+    assert not {"supplementalGroups", "sysctls"} & set(security)
+    assert c["securityContext"] == {
+        "privileged": False,
+        "allowPrivilegeEscalation": False,
+        "readOnlyRootFilesystem": True,
+        "runAsNonRoot": True,
+        "capabilities": {"drop": ["ALL"]},
+    }
+    for kind in ("requests", "limits"):
+        assert {"cpu", "memory"} <= set(c["resources"][kind]), kind
+        assert not any(r.startswith("nvidia.com/") for r in c["resources"][kind]), kind
+    assert not any(e["name"].startswith("NVIDIA_") for e in c["env"])
+    assert pod["automountServiceAccountToken"] is True
+    account = by_name(docs, "ServiceAccount", pod["serviceAccountName"])
+    assert account["automountServiceAccountToken"] is True
+    assert (
+        pod["serviceAccountName"]
+        != daemonset_of(docs)["spec"]["template"]["spec"]["serviceAccountName"]
+    )
+
+
+def test_cluster_scaler_is_the_locked_down_pod() -> None:
+    docs = render(CLUSTER)
+    assert_cluster_scaler_locked_down(docs)
+    # Its probes are the agents'.
+    agent = container_of(docs)
+    for probe in ("startupProbe", "livenessProbe", "readinessProbe"):
+        assert cluster_container(docs)[probe] == agent[probe], probe
+
+
+@pytest.mark.parametrize("change", ["uid 0", "a GPU", "hostPath", "GPU runtime", "one replica"])
+def test_cluster_scaler_check_refuses_a_widened_pod(change: str) -> None:
+    docs: tuple[Obj, ...] = tuple(json.loads(json.dumps(render(CLUSTER))))
+    deployment = cluster_deployment(docs)
+    pod = deployment["spec"]["template"]["spec"]
+    if change == "uid 0":
+        pod["securityContext"]["runAsUser"] = 0
+    elif change == "a GPU":
+        pod["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] = 1
+    elif change == "hostPath":
+        pod["volumes"].append({"name": "root", "hostPath": {"path": "/"}})
+    elif change == "GPU runtime":
+        pod["runtimeClassName"] = "nvidia"
+    else:
+        deployment["spec"]["replicas"] = 1
+    with pytest.raises(AssertionError):
+        assert_cluster_scaler_locked_down(docs)
+
+
+def test_cluster_scaler_args_and_env_are_serve_flags(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`serve --source agents`, the agents found through the agents' headless Service."""
+    docs = render(CLUSTER)
+    c = cluster_container(docs)
+    flags = {f.name for f in SERVE_FLAGS}
+    variables = {f.variable for f in SERVE_FLAGS}
+    assert c["args"][0] == "serve"
+    for arg in c["args"][1:]:
+        assert arg.split("=")[0] in flags, arg
+    for e in c["env"]:
+        if e["name"].startswith("KEDA_GPU_SCALER_"):
+            assert e["name"] in variables, e["name"]
+        else:
+            assert e["name"] in POD_ENV, e["name"]
+        value = e["value"] if "value" in e else DOWNWARD[e["valueFrom"]["fieldRef"]["fieldPath"]]
+        monkeypatch.setenv(e["name"], value)
+    args = build_parser().parse_args(c["args"])
+    assert args.source == "agents"
+    # No kubelet and no node of its own: no PodResources socket, no node's pod watch.
+    plain = {e["name"]: e["value"] for e in c["env"] if "value" in e}
+    assert plain["KEDA_GPU_SCALER_POD_RESOURCES_SOCKET"] == args.pod_resources_socket == ""
+    assert args.node_name == ""
+    ports = {p["name"]: p["containerPort"] for p in c["ports"]}
+    assert ports == {"grpc": args.port, "metrics": args.metrics_port, "probes": args.probe_port}
+    # --agents names the headless Service of the DaemonSet's pods and its gRPC port.
+    spec = parse_agents(args.agents)
+    assert isinstance(spec, EndpointsAgents)
+    assert spec.namespace == NAMESPACE
+    service = by_name(docs, "Service", spec.service)
+    assert service["spec"]["clusterIP"] == "None"
+    assert "publishNotReadyAddresses" not in service["spec"]
+    assert service["spec"].get("ipFamilyPolicy", "SingleStack") == "SingleStack"
+    assert selects(service["spec"]["selector"], pod_labels_of(daemonset_of(docs)))
+    (port,) = [p for p in service["spec"]["ports"] if p["name"] == spec.port]
+    agent_ports = {p["name"]: p["containerPort"] for p in container_of(docs)["ports"]}
+    assert port["port"] == 6000
+    assert agent_ports[port["targetPort"]] == 6000
+
+
+def assert_cluster_reader(docs: tuple[Obj, ...]) -> None:
+    """The cluster scaler's account: one ClusterRole bound to it, reading pods and
+    endpointslices and nothing else; the agents keep the base's pod reader."""
+    account = cluster_deployment(docs)["spec"]["template"]["spec"]["serviceAccountName"]
+    subject = {"kind": "ServiceAccount", "name": account, "namespace": NAMESPACE}
+    bindings = [b for b in of_kind(docs, "ClusterRoleBinding") if subject in b["subjects"]]
+    assert len(bindings) == 1, [b["metadata"]["name"] for b in bindings]
+    (binding,) = bindings
+    assert binding["subjects"] == [subject]
+    assert binding["roleRef"]["kind"] == "ClusterRole"
+    role = by_name(docs, "ClusterRole", binding["roleRef"]["name"])
+    assert role["rules"] == CLUSTER_READER_RULES
+    assert "aggregationRule" not in role
+    assert_pod_reader(agents_part(docs))
+    assert len(of_kind(docs, "ClusterRole")) == len(of_kind(docs, "ClusterRoleBinding")) == 2
+
+
+def test_cluster_scaler_reads_pods_and_endpointslices_only() -> None:
+    assert_cluster_reader(render(CLUSTER))
+
+
+@pytest.mark.parametrize("change", ["secrets", "writes pods", "agents' role"])
+def test_cluster_reader_check_refuses_a_widened_role(change: str) -> None:
+    docs: tuple[Obj, ...] = tuple(json.loads(json.dumps(render(CLUSTER))))
+    cluster_role = by_name(docs, "ClusterRole", CLUSTER_SCALER)
+    if change == "secrets":
+        cluster_role["rules"].append(
+            {"apiGroups": [""], "resources": ["secrets"], "verbs": ["get"]}
+        )
+    elif change == "writes pods":
+        cluster_role["rules"][0]["verbs"].append("patch")
+    else:
+        by_name(docs, "ClusterRoleBinding", "keda-gpu-scaler")["subjects"].append(
+            {"kind": "ServiceAccount", "name": CLUSTER_SCALER, "namespace": NAMESPACE}
+        )
+    with pytest.raises(AssertionError):
+        assert_cluster_reader(docs)
+
+
+def test_kedas_address_selects_the_cluster_scaler() -> None:
+    """keda-gpu-scaler.keda.svc:6000 reaches the cluster scaler's pods, never an agent;
+    the agents are reached through their headless Service only."""
+    docs = render(CLUSTER)
+    cluster_labels = pod_labels_of(cluster_deployment(docs))
+    agent_labels = pod_labels_of(daemonset_of(docs))
+    service = by_name(docs, "Service", "keda-gpu-scaler")
+    assert service["spec"]["type"] == "ClusterIP"
+    assert selects(service["spec"]["selector"], cluster_labels)
+    assert not selects(service["spec"]["selector"], agent_labels)
+    (grpc,) = [p for p in service["spec"]["ports"] if p["name"] == "grpc"]
+    address = f"{service['metadata']['name']}.{NAMESPACE}.svc.cluster.local:{grpc['port']}"
+    assert address == SCALER_ADDRESS
+    ports = {p["name"] for p in cluster_container(docs)["ports"]}
+    assert {p["targetPort"] for p in service["spec"]["ports"]} <= ports
+    for other in of_kind(docs, "Service"):
+        if other is not service:
+            assert other["spec"]["clusterIP"] == "None", other["metadata"]["name"]
+            assert not selects(other["spec"]["selector"], cluster_labels)
+    # Neither workload's selector takes the other's pods.
+    assert not selects(daemonset_of(docs)["spec"]["selector"]["matchLabels"], cluster_labels)
+    selector = cluster_deployment(docs)["spec"]["selector"]["matchLabels"]
+    assert not selects(selector, agent_labels)
+
+
+def admits(
+    policy: Obj, target: dict[str, str], source: dict[str, str], port: int, ports: dict[str, int]
+) -> bool:
+    """Whether ``policy`` (in namespace keda) lets a pod of keda labelled ``source`` reach
+    ``port`` of a pod labelled ``target``; ``ports`` resolves named ports. A policy that
+    does not select the target admits everything (no other policy exists here)."""
+    spec = policy["spec"]
+    assert set(spec["podSelector"]) == {"matchLabels"}, "only matchLabels is read here"
+    if not selects(spec["podSelector"]["matchLabels"], target):
+        return True
+    assert "Ingress" in spec["policyTypes"]
+    for rule in spec.get("ingress", []):
+        rule_ports = [ports.get(p["port"], p["port"]) for p in rule.get("ports", [])]
+        assert all(
+            p.get("protocol", "TCP") == "TCP" and "endPort" not in p for p in rule.get("ports", [])
+        )
+        if rule_ports and port not in rule_ports:
+            continue
+        peers = rule.get("from", [])
+        if not peers:
+            return True
+        for peer in peers:
+            assert set(peer) == {"podSelector"}, "only same-namespace pod peers are read here"
+            assert set(peer["podSelector"]) == {"matchLabels"}
+            if selects(peer["podSelector"]["matchLabels"], source):
+                return True
+    return False
+
+
+def test_network_policy_admits_only_the_cluster_scaler_to_the_agents_grpc() -> None:
+    docs = render(CLUSTER)
+    (policy,) = of_kind(docs, "NetworkPolicy")
+    assert policy["spec"]["policyTypes"] == ["Ingress"]
+    agent = pod_labels_of(daemonset_of(docs))
+    cluster = pod_labels_of(cluster_deployment(docs))
+    ports = {p["name"]: p["containerPort"] for p in container_of(docs)["ports"]}
+    assert ports == {"grpc": 6000, "metrics": 9090, "probes": 8081}
+    keda = {"app": "keda-operator", "app.kubernetes.io/name": "keda-operator"}
+    prometheus = {"app.kubernetes.io/name": "prometheus"}
+    assert admits(policy, agent, cluster, 6000, ports)
+    for other in (keda, prometheus, agent, {}):
+        assert not admits(policy, agent, other, 6000, ports), other
+    for port in (9090, 8081):
+        for source in (keda, prometheus, cluster, {}):
+            assert admits(policy, agent, source, port, ports), (source, port)
+    # The cluster scaler's own pods are not restricted: KEDA reaches them.
+    assert admits(policy, cluster, keda, 6000, ports)
+    # The check can fail: without its `from`, the gRPC rule admits KEDA too.
+    opened = json.loads(json.dumps(policy))
+    del opened["spec"]["ingress"][0]["from"]
+    assert admits(opened, agent, keda, 6000, ports)
 
 
 # --- Dockerfile ---------------------------------------------------------------------------
