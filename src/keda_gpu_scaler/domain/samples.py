@@ -65,6 +65,19 @@ class GpuReading(msgspec.Struct, frozen=True, kw_only=True, tag="gpu", omit_defa
         return self.parent_index is not None
 
 
+OPTIONAL_READINGS: tuple[str, ...] = tuple(
+    f.name for f in msgspec.structs.fields(GpuReading) if f.default is None
+)
+"""The :class:`GpuReading` fields that may be absent (``None``: no reading), in order: what
+a node agent's stream carries as proto3 ``optional`` fields."""
+FLOAT_READINGS: tuple[str, ...] = tuple(
+    f.name
+    for f in msgspec.structs.fields(GpuReading)
+    if f.default is None and f.type == (float | None)
+)
+"""Of those, the floating-point readings (a NaN or an infinity among them is no reading)."""
+
+
 class SourceFault(msgspec.Struct, frozen=True, kw_only=True, tag="fault"):
     """A source could not read a device (``key``) or anything at all (``key`` is None)."""
 

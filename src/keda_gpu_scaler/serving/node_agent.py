@@ -42,7 +42,7 @@ from keda_gpu_scaler._proto_agent.kedagpuscaler.v1 import (
     SourceFault,
     WatchNodeRequest,
 )
-from keda_gpu_scaler.domain.samples import GpuReading, PodResourcesReading
+from keda_gpu_scaler.domain.samples import OPTIONAL_READINGS, GpuReading, PodResourcesReading
 from keda_gpu_scaler.domain.snapshot import Snapshot
 from keda_gpu_scaler.pipeline.hub import SnapshotHub
 from keda_gpu_scaler.serving.status import streaming
@@ -65,29 +65,6 @@ DEFAULT_SAMPLE_PERIOD_S = 1.0
 """The period an identity names before the agent has any reading."""
 MIN_HEARTBEAT_S = 1.0
 
-OPTIONAL_READINGS = (
-    "gpu_utilization",
-    "memory_utilization",
-    "memory_used_bytes",
-    "memory_total_bytes",
-    "memory_reserved_bytes",
-    "temperature_c",
-    "power_mw",
-    "power_limit_mw",
-    "sm_clock_mhz",
-    "pcie_tx_kbps",
-    "pcie_rx_kbps",
-    "nvlink_tx_mbps",
-    "nvlink_rx_mbps",
-    "sm_active",
-    "sm_occupancy",
-    "tensor_active",
-    "dram_bw_util",
-    "parent_index",
-    "parent_uuid",
-    "gpu_instance_id",
-    "compute_instance_id",
-)
 """The :class:`GpuReading` fields that may be absent, each an ``optional`` proto field."""
 
 

@@ -34,6 +34,8 @@ from keda_gpu_scaler._proto_agent.kedagpuscaler.v1 import (
 )
 from keda_gpu_scaler.domain.errors import SourceFailure
 from keda_gpu_scaler.domain.samples import (
+    FLOAT_READINGS,
+    OPTIONAL_READINGS,
     POD_RESOURCES_SOURCE,
     Batch,
     DeviceHolder,
@@ -52,31 +54,7 @@ __all__ = [
     "readings_source",
 ]
 
-_FLOAT_READINGS = (
-    "gpu_utilization",
-    "memory_utilization",
-    "temperature_c",
-    "power_mw",
-    "power_limit_mw",
-    "sm_clock_mhz",
-    "pcie_tx_kbps",
-    "pcie_rx_kbps",
-    "nvlink_tx_mbps",
-    "nvlink_rx_mbps",
-    "sm_active",
-    "sm_occupancy",
-    "tensor_active",
-    "dram_bw_util",
-)
-_OTHER_READINGS = (
-    "memory_used_bytes",
-    "memory_total_bytes",
-    "memory_reserved_bytes",
-    "parent_index",
-    "parent_uuid",
-    "gpu_instance_id",
-    "compute_instance_id",
-)
+_OTHER_READINGS = tuple(n for n in OPTIONAL_READINGS if n not in FLOAT_READINGS)
 # Kubernetes node names are RFC 1123 subdomains; an agent falling back to its host name may
 # send capitals or underscores. Never "/", which separates the node from the key.
 _NODE_NAME = re.compile(r"[A-Za-z0-9]([-A-Za-z0-9_.]{0,251}[A-Za-z0-9])?")
@@ -208,7 +186,7 @@ class StreamReader:
 
 
 def _reading(device: DeviceReading, node: str, source: str, received_at: float) -> GpuReading:
-    floats: dict[str, Any] = {n: finite_or_none(getattr(device, n)) for n in _FLOAT_READINGS}
+    floats: dict[str, Any] = {n: finite_or_none(getattr(device, n)) for n in FLOAT_READINGS}
     others: dict[str, Any] = {n: getattr(device, n) for n in _OTHER_READINGS}
     return GpuReading(
         source=source,
