@@ -7,8 +7,8 @@ the pods of every node through a local Kubernetes API server.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+from collections.abc import AsyncIterator, Sequence
+from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
@@ -21,12 +21,22 @@ from anyio.abc import TaskGroup, TaskStatus
 
 from keda_gpu_scaler.app.compose import AgentsSource, RunningScaler, build_cluster_pods
 from keda_gpu_scaler.domain.backoff import Backoff
-from keda_gpu_scaler.domain.samples import AgentTarget
+from keda_gpu_scaler.domain.samples import AgentTarget, DeviceKey, GpuReading
+from keda_gpu_scaler.pipeline.hub import SnapshotHub
+from keda_gpu_scaler.pipeline.state import fold
 from keda_gpu_scaler.sources.agents import AgentLink, StaticDiscovery
+from keda_gpu_scaler.sources.cadence import every
 from keda_gpu_scaler.sources.fake import FakeGpuSource
-from tests.fake_agent import FakeAttribution, holder
+from tests.fake_agent import (
+    FakeAttribution,
+    hanging_agent,
+    holder,
+    identity,
+    scripted_agent,
+    serve_agent,
+)
 from tests.fake_kube_api import open_fake_kube_api, write_kubeconfig
-from tests.grpcio_client import GrpcioModules
+from tests.grpcio_client import GrpcioModules, open_streams
 from tests.loopback import loopback_scaler
 
 pytestmark = pytest.mark.anyio
@@ -85,8 +95,11 @@ class Cluster:
         return port
 
 
-@pytest.fixture
-async def cluster(tmp_path: Path) -> AsyncIterator[Cluster]:
+@asynccontextmanager
+async def _open_cluster(
+    tmp_path: Path, extra: Sequence[AgentTarget] = ()
+) -> AsyncIterator[Cluster]:
+    """Three real node agents (and ``extra`` targets, linked too) and a cluster scaler."""
     async with open_fake_kube_api() as api, anyio.create_task_group() as tg:
         for name, node in (("vllm-0", "node-a"), ("vllm-1", "node-b"), ("vllm-2", "node-c")):
             api.add_pod("serve", name, node=node, labels={"app": "vllm"})
@@ -97,7 +110,8 @@ async def cluster(tmp_path: Path) -> AsyncIterator[Cluster]:
             await agents.start(node)
         targets = [AgentTarget(host="127.0.0.1", port=a.port) for a in agents.agents.values()]
         source = AgentsSource(
-            StaticDiscovery(targets), lambda t: AgentLink(t, backoff=FAST, min_idle_s=0.5)
+            StaticDiscovery([*targets, *extra]),
+            lambda t: AgentLink(t, backoff=FAST, min_idle_s=0.5),
         )
         pods = build_cluster_pods(kubeconfig=str(kubeconfig))
         async with loopback_scaler(source, samplers=pods) as scaler:
@@ -109,10 +123,16 @@ async def cluster(tmp_path: Path) -> AsyncIterator[Cluster]:
         tg.cancel_scope.cancel()
 
 
-def _whole(scaler: RunningScaler) -> bool:
+@pytest.fixture
+async def cluster(tmp_path: Path) -> AsyncIterator[Cluster]:
+    async with _open_cluster(tmp_path) as opened:
+        yield opened
+
+
+def _whole(scaler: RunningScaler, devices: int = 6) -> bool:
     snapshot = scaler.hub.current
     return (
-        len(snapshot.devices) == 6
+        len(snapshot.devices) >= devices
         and len(snapshot.node_attributions) == 3
         and snapshot.pods is not None
         and len(snapshot.pods.pods) == 4
@@ -207,3 +227,95 @@ def _partial_answers(cluster: Cluster) -> float:
         for sample in family.samples
         if sample.name == "keda_gpu_scaler_partial_answers_total"
     )
+
+
+@pytest.mark.parametrize("bad", ["garbage", "oversized", "hanging"])
+async def test_a_bad_agent_is_dropped_and_the_others_go_on(
+    tmp_path: Path, grpcio_modules: GrpcioModules, bad: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    async with AsyncExitStack() as stack:
+        if bad == "hanging":
+            agent: Any = await stack.enter_async_context(hanging_agent())
+        else:
+            junk = b"\xff\x00 not a NodeUpdate" if bad == "garbage" else b"x" * (2 << 20)
+            agent = await stack.enter_async_context(
+                scripted_agent([identity("node-x"), junk], then_hang=True)
+            )
+        cluster = await stack.enter_async_context(_open_cluster(tmp_path, [agent.target]))
+        with anyio.fail_after(10):
+            # The bad link is retried (a second stream, or a second connection)...
+            while (agent.accepted if bad == "hanging" else agent.streams) < 2:  # noqa: ASYNC110
+                await anyio.sleep(0.05)
+        # ...while every other node is answered as before, and node-x is nowhere.
+        assert await _value(cluster, grpcio_modules) == 60.0
+        nodes = {d.reading.node for d in cluster.scaler.hub.current.devices.values() if d.reading}
+        assert nodes == set(UTIL)
+    assert any(
+        r.name.startswith("keda_gpu_scaler.sources.agents") and r.levelname == "WARNING"
+        for r in caplog.records
+    )
+
+
+async def test_an_agent_clock_hours_off_is_as_fresh_as_it_is(
+    tmp_path: Path, grpcio_modules: GrpcioModules
+) -> None:
+    """An agent whose clock runs five hours ahead: freshness comes from the ages it sends."""
+    hub = SnapshotHub()
+    ahead = 5 * 3600.0
+    async with AsyncExitStack() as stack:
+        agent = await stack.enter_async_context(
+            serve_agent(hub, "node-far", clock=lambda: anyio.current_time() + ahead)
+        )
+
+        async def publish() -> None:
+            snapshot = hub.current
+            async for now in every(0.2):
+                reading = GpuReading(
+                    source="fake",
+                    key=DeviceKey("GPU-far-0"),
+                    index=0,
+                    uuid="GPU-far-0",
+                    name="H200",
+                    taken_at=now + ahead,
+                    period_s=0.2,
+                    gpu_utilization=99.0,
+                )
+                snapshot = fold(snapshot, [reading], now + ahead)
+                hub.publish(snapshot)
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(publish)
+            async with _open_cluster(tmp_path, [agent.target]) as cluster:
+                with anyio.fail_after(10):
+                    while not _whole(cluster.scaler, devices=7):
+                        await cluster.scaler.hub.wait_newer(cluster.scaler.hub.current.version)
+                assert await _value(cluster, grpcio_modules) == 99.0
+                assert await _value(cluster, grpcio_modules, nodeName="node-far") == 99.0
+            tg.cancel_scope.cancel()
+
+
+async def test_500_streams_while_agents_come_and_go(
+    cluster: Cluster, grpcio_modules: GrpcioModules
+) -> None:
+    async def churn() -> None:
+        for node in ("node-b", "node-c"):
+            port = await cluster.kill(node)
+            await anyio.sleep(0.3)
+            await cluster.start(node, port)
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(churn)
+        result = await anyio.to_thread.run_sync(
+            partial(
+                open_streams,
+                grpcio_modules,
+                cluster.scaler.port,
+                500,
+                {"metricType": "gpu_utilization", "minCoverage": "0.5", "cooldownSeconds": "0"},
+                unary_calls=20,
+            )
+        )
+    # Every stream got its first message, and no unary call failed, while two agents left
+    # and came back (a partial view above minCoverage answers; none ends a stream).
+    assert len(result.first_message_s) == 500
+    assert result.unary_errors == 0
