@@ -1,11 +1,14 @@
 """FakeGpuSource: a scriptable GPU source for tests and demos.
 
 Tests set readings, lose and restore devices, or pause the whole source, and the fake
-publishes the current state once per period in anyio time.
+publishes the current state once per period in anyio time. ``ScriptedAttribution`` and
+``ScriptedPods`` stand for the kubelet PodResources API and the pod watch (who holds which
+GPU, and the pods' labels), so that ``demo --cluster`` needs no Kubernetes.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -15,7 +18,19 @@ from anyio.abc import TaskStatus
 from anyio.streams.memory import MemoryObjectSendStream
 
 from keda_gpu_scaler.domain.errors import SourceFailure
-from keda_gpu_scaler.domain.samples import Batch, DeviceKey, GpuReading, Sample, SourceFault
+from keda_gpu_scaler.domain.samples import (
+    POD_RESOURCES_SOURCE,
+    PODS_SOURCE,
+    Batch,
+    DeviceHolder,
+    DeviceKey,
+    GpuReading,
+    PodInfo,
+    PodResourcesReading,
+    PodsReading,
+    Sample,
+    SourceFault,
+)
 from keda_gpu_scaler.sources.cadence import every
 
 
@@ -106,3 +121,65 @@ class FakeGpuSource:
                     readings = self.readings(now)
                     await send.send(Batch(source=self.name, samples=tuple(readings)))
                     self.cycles += 1
+
+
+def _check_period(period_s: float) -> float:
+    if not period_s > 0:
+        raise ValueError(f"period_s must be a positive number of seconds, not {period_s!r}")
+    return period_s
+
+
+class ScriptedAttribution:
+    """A kubelet PodResources sampler's answers: ``holders`` (who holds which device) every
+    ``period_s``, as :class:`PodResourcesReading`."""
+
+    def __init__(self, holders: Sequence[DeviceHolder] = (), *, period_s: float = 1.0) -> None:
+        self.name = POD_RESOURCES_SOURCE
+        self.period_s = _check_period(period_s)
+        self.holders = tuple(holders)
+
+    async def run(
+        self,
+        send: MemoryObjectSendStream[Sample],
+        *,
+        task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED,
+    ) -> None:
+        async with send:
+            task_status.started()
+            async for now in every(self.period_s):
+                reading = PodResourcesReading(
+                    source=self.name, taken_at=now, period_s=self.period_s, holders=self.holders
+                )
+                await send.send(reading)
+
+
+class ScriptedPods:
+    """A pod watch's answers: ``pods`` (labels, phase, node) every ``period_s``, as
+    :class:`PodsReading` of ``node`` (empty: the pods of every node, as on a cluster
+    scaler)."""
+
+    def __init__(
+        self, pods: Sequence[PodInfo] = (), *, period_s: float = 1.0, node: str = ""
+    ) -> None:
+        self.name = PODS_SOURCE
+        self.period_s = _check_period(period_s)
+        self.node = node
+        self.pods = tuple(pods)
+
+    async def run(
+        self,
+        send: MemoryObjectSendStream[Sample],
+        *,
+        task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED,
+    ) -> None:
+        async with send:
+            task_status.started()
+            async for now in every(self.period_s):
+                reading = PodsReading(
+                    source=self.name,
+                    taken_at=now,
+                    period_s=self.period_s,
+                    node=self.node,
+                    pods=self.pods,
+                )
+                await send.send(reading)

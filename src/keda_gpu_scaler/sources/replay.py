@@ -49,7 +49,10 @@ class ReplaySampler:
         name: str = "replay",
         loop: bool = True,
         identity: Identity | None = None,
+        start_at_s: float = 0.0,
     ) -> None:
+        """``start_at_s``: seconds into the recording where the first pass begins (the
+        cycles before it are played from the second pass on, when looping)."""
         self.name = name
         ordered = sorted(frames, key=lambda f: (f.t, f.index))
         self._cycles = [tuple(group) for _, group in itertools.groupby(ordered, lambda f: f.t)]
@@ -57,26 +60,35 @@ class ReplaySampler:
         self._identity = identity
         self.period_s = trace_period(ordered)
         self._duration = ordered[-1].t - ordered[0].t + self.period_s
+        if not 0.0 <= start_at_s < self._duration:
+            raise ValueError(
+                f"start_at_s must be from 0 to under the recording's {self._duration:g} s, "
+                f"not {start_at_s!r}"
+            )
+        self._start_at_s = start_at_s
         self._sent = 0
         self._loops = 0
         self._phase: str | None = None
         self._last_sent_at: float | None = None
 
     @classmethod
-    def from_path(cls, path: Path, *, loop: bool = True) -> ReplaySampler:
+    def from_path(cls, path: Path, *, loop: bool = True, start_at_s: float = 0.0) -> ReplaySampler:
         try:
             data = path.read_bytes()
         except OSError as exc:
             raise SourceUnavailable(f"cannot read replay trace {path}: {exc.strerror}") from exc
         text = decode_trace(data, origin=str(path))
-        return cls(parse_trace(text.splitlines(), origin=str(path)), name="replay", loop=loop)
+        frames = parse_trace(text.splitlines(), origin=str(path))
+        return cls(frames, name="replay", loop=loop, start_at_s=start_at_s)
 
     @classmethod
-    def bundled(cls, *, loop: bool = True) -> ReplaySampler:
+    def bundled(cls, *, loop: bool = True, start_at_s: float = 0.0) -> ReplaySampler:
         """The real H200 recording shipped with the package."""
         text = resources.files("keda_gpu_scaler.sources").joinpath("data", BUNDLED_TRACE)
         frames = parse_trace(text.read_text(encoding="utf-8").splitlines(), origin=BUNDLED_TRACE)
-        return cls(frames, name="replay", loop=loop, identity=BUNDLED_IDENTITY)
+        return cls(
+            frames, name="replay", loop=loop, identity=BUNDLED_IDENTITY, start_at_s=start_at_s
+        )
 
     def statistics(self) -> ReplayStatistics:
         return ReplayStatistics(self._sent, self._loops, self._phase, self._last_sent_at)
@@ -89,15 +101,20 @@ class ReplaySampler:
     ) -> None:
         async with send:
             task_status.started()
-            start = anyio.current_time() - self._cycles[0][0].t
+            first = self._cycles[0][0].t
+            start = anyio.current_time() - first - self._start_at_s
+            skip = first + self._start_at_s
             while True:
                 for cycle in self._cycles:
+                    if cycle[0].t < skip:
+                        continue
                     await anyio.sleep_until(start + cycle[0].t)
                     await self._publish(send, cycle)
                 if not self._loop:
                     return
                 self._loops += 1
                 start += self._duration
+                skip = first
 
     async def _publish(
         self, send: MemoryObjectSendStream[Sample], cycle: tuple[TraceFrame, ...]
