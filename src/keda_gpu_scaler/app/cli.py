@@ -385,6 +385,11 @@ def build_parser() -> argparse.ArgumentParser:
         default=1.0,
         help="seconds between KEDA-style polls (default 1)",
     )
+    demo.add_argument(
+        "--cluster",
+        action="store_true",
+        help="three node agents on replays and a cluster scaler, polled for two workloads",
+    )
     demo.add_argument("--log-level", type=_log_level, default="warning")
 
     simulate = commands.add_parser(
@@ -548,6 +553,11 @@ def _run(args: argparse.Namespace) -> int:
             output_format=args.format,
             plot=args.plot,
         )
+    if args.cluster:
+        from keda_gpu_scaler.app.demo_cluster import run_cluster_demo
+
+        anyio.run(run_cluster_demo, args.duration, args.every, backend="asyncio")
+        return 0
     from keda_gpu_scaler.app.demo import run_demo
 
     anyio.run(run_demo, args.duration, args.every, backend="asyncio")
