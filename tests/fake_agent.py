@@ -22,8 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any, cast
 
 import anyio
-from anyio.abc import SocketStream, TaskStatus
-from anyio.streams.memory import MemoryObjectSendStream
+from anyio.abc import SocketStream
 from grpclib.const import Cardinality, Handler
 from grpclib.encoding.base import CodecBase
 from grpclib.protocol import H2Protocol
@@ -36,42 +35,23 @@ from keda_gpu_scaler._proto_agent.kedagpuscaler.v1 import (
     NodeUpdate,
 )
 from keda_gpu_scaler.domain.samples import (
-    POD_RESOURCES_SOURCE,
     AgentTarget,
     DeviceHolder,
-    PodResourcesReading,
-    Sample,
 )
 from keda_gpu_scaler.pipeline.hub import SnapshotHub
 from keda_gpu_scaler.serving.node_agent import NodeAgentService
 from keda_gpu_scaler.serving.telemetry import NoTelemetry
-from keda_gpu_scaler.sources.cadence import every
+from keda_gpu_scaler.sources.fake import ScriptedAttribution
 
 HOST = "127.0.0.1"
 WATCH_NODE = "/kedagpuscaler.v1.NodeAgent/WatchNode"
 
 
-class FakeAttribution:
+def FakeAttribution(  # noqa: N802 (a sampler, named as one)
+    holders: Sequence[DeviceHolder] = (), *, period_s: float = 0.2
+) -> ScriptedAttribution:
     """A kubelet PodResources sampler's answers: ``holders`` every ``period_s``."""
-
-    def __init__(self, holders: Sequence[DeviceHolder] = (), *, period_s: float = 0.2) -> None:
-        self.name = POD_RESOURCES_SOURCE
-        self.period_s = period_s
-        self.holders = tuple(holders)
-
-    async def run(
-        self,
-        send: MemoryObjectSendStream[Sample],
-        *,
-        task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED,
-    ) -> None:
-        async with send:
-            task_status.started()
-            async for now in every(self.period_s):
-                reading = PodResourcesReading(
-                    source=self.name, taken_at=now, period_s=self.period_s, holders=self.holders
-                )
-                await send.send(reading)
+    return ScriptedAttribution(holders, period_s=period_s)
 
 
 def holder(pod: str, device_id: str, *, namespace: str = "ml") -> DeviceHolder:
