@@ -46,13 +46,17 @@ class Attribution:
         return self.by_device.get(key, ())
 
 
-def live_holders(
-    attribution: PodResourcesReading, pods: PodsReading | None
-) -> Iterable[DeviceHolder]:
-    """The holders of pods that have not terminated (as far as the pod watch knows)."""
+def terminated(pods: PodsReading | None) -> frozenset[tuple[str, str]]:
+    """(namespace, name) of the pods that have terminated, as far as the pod watch knows."""
     if pods is None:
-        return attribution.holders
-    ended = {(p.namespace, p.name) for p in pods.pods if p.terminated()}
+        return frozenset()
+    return frozenset((p.namespace, p.name) for p in pods.pods if p.terminated())
+
+
+def live_holders(
+    attribution: PodResourcesReading, ended: frozenset[tuple[str, str]]
+) -> Iterable[DeviceHolder]:
+    """The holders of pods that have not ``ended``."""
     if not ended:
         return attribution.holders
     return (h for h in attribution.holders if (h.namespace, h.pod) not in ended)
@@ -68,9 +72,10 @@ def attribute(snapshot: Snapshot) -> Attribution | None:
         return None
     by_device: dict[DeviceKey, list[DeviceHolder]] = {}
     unmatched: list[DeviceHolder] = []
+    ended = terminated(snapshot.pods)  # once, not once per node
     for reading in readings:
         prefix = f"{reading.node}/" if reading.node else ""
-        for holder in live_holders(reading, snapshot.pods):
+        for holder in live_holders(reading, ended):
             key = DeviceKey(prefix + device_key(holder.device_id))
             if key in snapshot.devices:
                 by_device.setdefault(key, []).append(holder)
