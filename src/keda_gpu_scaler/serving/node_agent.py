@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import anyio
+import msgspec
 
 from keda_gpu_scaler import __version__
 from keda_gpu_scaler._proto_agent.kedagpuscaler.v1 import (
@@ -96,30 +97,9 @@ def device_reading(reading: GpuReading, now: float) -> DeviceReading:
 def attribution_lists(
     reading: PodResourcesReading,
 ) -> tuple[list[DeviceHolder], list[DraDevice]]:
-    holders = [
-        DeviceHolder(
-            namespace=h.namespace,
-            pod=h.pod,
-            container=h.container,
-            resource=h.resource,
-            device_id=h.device_id,
-        )
-        for h in reading.holders
-    ]
-    dra = [
-        DraDevice(
-            namespace=d.namespace,
-            pod=d.pod,
-            container=d.container,
-            claim_namespace=d.claim_namespace,
-            claim_name=d.claim_name,
-            driver=d.driver,
-            pool=d.pool,
-            device=d.device,
-            share_id=d.share_id,
-        )
-        for d in reading.dra
-    ]
+    # The proto messages have the domain structs' fields, by name.
+    holders = [DeviceHolder(**msgspec.structs.asdict(h)) for h in reading.holders]
+    dra = [DraDevice(**msgspec.structs.asdict(d)) for d in reading.dra]
     return holders, dra
 
 

@@ -23,7 +23,7 @@ from __future__ import annotations
 import math
 import re
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from keda_gpu_scaler._proto_agent.kedagpuscaler.v1 import (
     Attribution,
@@ -204,33 +204,19 @@ def _reading(device: DeviceReading, node: str, source: str, received_at: float) 
 
 
 def _holders(attribution: Attribution) -> tuple[DeviceHolder, ...]:
-    return tuple(
-        DeviceHolder(
-            namespace=h.namespace,
-            pod=h.pod,
-            container=h.container,
-            resource=h.resource,
-            device_id=h.device_id,
-        )
-        for h in attribution.holders
-    )
+    return tuple(_as(DeviceHolder, h) for h in attribution.holders)
 
 
 def _dra(attribution: Attribution) -> tuple[DraDevice, ...]:
-    return tuple(
-        DraDevice(
-            namespace=d.namespace,
-            pod=d.pod,
-            container=d.container,
-            claim_namespace=d.claim_namespace,
-            claim_name=d.claim_name,
-            driver=d.driver,
-            pool=d.pool,
-            device=d.device,
-            share_id=d.share_id,
-        )
-        for d in attribution.dra
-    )
+    return tuple(_as(DraDevice, d) for d in attribution.dra)
+
+
+_S = TypeVar("_S", DeviceHolder, DraDevice)
+
+
+def _as(kind: type[_S], message: Any) -> _S:
+    """The domain struct of a proto message with its fields, by name."""
+    return kind(**{name: getattr(message, name) for name in kind.__struct_fields__})
 
 
 def _check_key(key: str, seen: set[str]) -> None:
