@@ -19,7 +19,6 @@ from keda_gpu_scaler.domain.samples import (
     PODS_SOURCE,
     DeviceHolder,
     DeviceKey,
-    PodInfo,
     PodResourcesReading,
     PodsReading,
 )
@@ -151,12 +150,6 @@ def fresh_until(snapshot: Snapshot) -> float:
         if r is not None
     ]
     return min(ends, default=float("inf"))
-
-
-def pod_label(holder: DeviceHolder | PodInfo) -> str:
-    if isinstance(holder, DeviceHolder):
-        return f"{holder.namespace}/{holder.pod}"
-    return f"{holder.namespace}/{holder.name}"
 
 
 def devices_of(

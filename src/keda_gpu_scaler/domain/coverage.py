@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Sequence
 from dataclasses import dataclass
 
 from keda_gpu_scaler.domain.aggregation import Aggregation
@@ -89,7 +88,3 @@ def parse_node_name(raw: str) -> str:
     if len(raw) > 253 or not _NODE.fullmatch(raw):
         raise InvalidTrigger("nodeName", raw, "must be a node name (RFC 1123 subdomain)")
     return raw
-
-
-def coverage_of(selected: int, missing: Sequence[str]) -> Coverage:
-    return Coverage(selected, tuple(missing))
