@@ -3,8 +3,6 @@ partial views by the coverage rule, ``nodeName``, and ``podSelector`` across nod
 
 from __future__ import annotations
 
-from types import MappingProxyType
-
 import pytest
 
 from keda_gpu_scaler.domain.decision import decide, measure
@@ -22,6 +20,7 @@ from keda_gpu_scaler.domain.samples import (
 from keda_gpu_scaler.domain.snapshot import DeviceState, Snapshot
 from keda_gpu_scaler.domain.trigger import TriggerSpec, parse_trigger
 from keda_gpu_scaler.pipeline.state import fold
+from keda_gpu_scaler.testing import snapshot_of
 
 NOW = 1000.0
 NODES = ("node-a", "node-b", "node-c")
@@ -85,12 +84,11 @@ def _snapshot(*, stale: str | None = None, attribution_stale: str | None = None)
         PodInfo(namespace="serve", name=name, labels={"app": name.split("-")[0]}, phase="Running")
         for name in ("vllm-0", "vllm-1", "vllm-2", "train-0")
     )
-    return Snapshot(
-        version=1,
-        published_at=NOW,
-        devices=MappingProxyType(devices),
-        node_attributions=MappingProxyType(attributions),
+    return snapshot_of(
+        devices.values(),
+        attributions=attributions.values(),
         pods=PodsReading(source=PODS_SOURCE, taken_at=NOW, period_s=10.0, node="", pods=pods),
+        published_at=NOW,
     )
 
 

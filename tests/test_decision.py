@@ -14,6 +14,7 @@ from keda_gpu_scaler.domain.errors import InvalidTrigger, NoData
 from keda_gpu_scaler.domain.samples import DeviceKey, GpuReading
 from keda_gpu_scaler.domain.snapshot import DeviceState, Snapshot
 from keda_gpu_scaler.domain.trigger import parse_trigger
+from keda_gpu_scaler.testing import snapshot_of
 
 GIB = 1 << 30
 
@@ -32,9 +33,7 @@ def _reading(index: int, *, taken_at: float = 100.0, **fields: Any) -> GpuReadin
 
 
 def _snapshot(*devices: DeviceState) -> Snapshot:
-    return Snapshot(
-        version=1, published_at=100.0, devices=MappingProxyType({d.key: d for d in devices})
-    )
+    return snapshot_of(devices, published_at=100.0)
 
 
 def _device(reading: GpuReading) -> DeviceState:

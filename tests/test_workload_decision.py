@@ -3,7 +3,6 @@ snapshots (the kubelet's answer and the pod watch as samples)."""
 
 from __future__ import annotations
 
-from types import MappingProxyType
 from typing import Any
 
 import msgspec
@@ -17,6 +16,7 @@ from keda_gpu_scaler.domain.samples import (
     PODS_SOURCE,
     DeviceHolder,
     DeviceKey,
+    DraDevice,
     GpuReading,
     PodInfo,
     PodResourcesReading,
@@ -26,6 +26,7 @@ from keda_gpu_scaler.domain.samples import (
 from keda_gpu_scaler.domain.snapshot import EMPTY_SNAPSHOT, DeviceState, Snapshot
 from keda_gpu_scaler.domain.trigger import parse_trigger
 from keda_gpu_scaler.pipeline.state import fold
+from keda_gpu_scaler.testing import snapshot_of
 
 NOW = 100.0
 
@@ -77,25 +78,27 @@ def _snapshot(
     *,
     attributed_at: float = NOW,
     listed_at: float = NOW,
+    dra: tuple[DraDevice, ...] = (),
 ) -> Snapshot:
-    devices = {r.key: DeviceState(key=r.key, index=r.index, reading=r) for r in readings}
-    return Snapshot(
-        version=1,
-        published_at=NOW,
-        devices=MappingProxyType(devices),
-        attribution=None
+    return snapshot_of(
+        (DeviceState(key=r.key, index=r.index, reading=r) for r in readings),
+        attributions=()
         if holders is None
-        else PodResourcesReading(
-            source=POD_RESOURCES_SOURCE,
-            taken_at=attributed_at,
-            period_s=5.0,
-            holders=tuple(holders),
-        ),
+        else [
+            PodResourcesReading(
+                source=POD_RESOURCES_SOURCE,
+                taken_at=attributed_at,
+                period_s=5.0,
+                holders=tuple(holders),
+                dra=dra,
+            )
+        ],
         pods=None
         if pods is None
         else PodsReading(
             source=PODS_SOURCE, taken_at=listed_at, period_s=10.0, node="n1", pods=tuple(pods)
         ),
+        published_at=NOW,
     )
 
 
@@ -348,7 +351,6 @@ def test_device_ids_name_nvml_keys(device_id: str, key: str) -> None:
 async def test_metrics_show_holders_unmatched_ids_and_dra_devices() -> None:
     from prometheus_client.parser import text_string_to_metric_families
 
-    from keda_gpu_scaler.domain.samples import DraDevice
     from keda_gpu_scaler.serving.observability import SelfMetrics
 
     dra = DraDevice(
@@ -361,10 +363,8 @@ async def test_metrics_show_holders_unmatched_ids_and_dra_devices() -> None:
         pool="node-a",
         device="gpu-0",
     )
-    snapshot = _snapshot(READINGS, [*HOLDERS, _holder("ml", "train-0", "nvidia0")], PODS)
-    assert snapshot.attribution is not None
-    snapshot = msgspec.structs.replace(
-        snapshot, attribution=msgspec.structs.replace(snapshot.attribution, dra=(dra,))
+    snapshot = _snapshot(
+        READINGS, [*HOLDERS, _holder("ml", "train-0", "nvidia0")], PODS, dra=(dra,)
     )
     metrics = SelfMetrics()
     metrics.read_live(lambda: snapshot, lambda: 0)

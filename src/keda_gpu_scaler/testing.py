@@ -10,18 +10,33 @@ from __future__ import annotations
 from collections.abc import AsyncIterator, Callable, Iterable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import anyio
 
 from keda_gpu_scaler.app.compose import RunningPipeline, open_pipeline
 from keda_gpu_scaler.domain.decision import Measurement
 from keda_gpu_scaler.domain.decision import measure as real_measure
-from keda_gpu_scaler.domain.samples import GpuReading, Sample, SourceFault, unbatch
-from keda_gpu_scaler.domain.snapshot import EMPTY_SNAPSHOT, Snapshot
+from keda_gpu_scaler.domain.samples import (
+    GpuReading,
+    PodResourcesReading,
+    PodsReading,
+    Sample,
+    SourceFault,
+    unbatch,
+)
+from keda_gpu_scaler.domain.snapshot import (
+    EMPTY_POD_INDEX,
+    EMPTY_SNAPSHOT,
+    LOCAL_NODE,
+    DeviceState,
+    Snapshot,
+    index_pods,
+    node_of,
+)
 from keda_gpu_scaler.domain.trigger import TriggerSpec
 from keda_gpu_scaler.pipeline.hub import SnapshotHub
-from keda_gpu_scaler.pipeline.state import fold
+from keda_gpu_scaler.pipeline.state import NodeBuilder, fold
 from keda_gpu_scaler.pipeline.supervisor import Sampler
 from keda_gpu_scaler.serving.decider import Decider, Measure
 from keda_gpu_scaler.serving.service import ExternalScalerService
@@ -39,6 +54,7 @@ __all__ = [
     "open_test_service",
     "readings",
     "snapshot_after",
+    "snapshot_of",
     "unary_service",
 ]
 
@@ -110,6 +126,37 @@ class CountingMeasure:
 def snapshot_after(samples: Iterable[Sample], now: float) -> Snapshot:
     """What the aggregator holds after folding ``samples`` from an empty start."""
     return fold(EMPTY_SNAPSHOT, samples, now)
+
+
+def snapshot_of(
+    devices: Iterable[DeviceState] = (),
+    *,
+    attributions: Iterable[PodResourcesReading] = (),
+    pods: PodsReading | None = None,
+    published_at: float = 0.0,
+    **fields: Any,
+) -> Snapshot:
+    """A snapshot holding these device states (lost, or with a history, as a test needs)
+    and attributions (each on its ``node``), with the node views and indexes the fold's own
+    :class:`~keda_gpu_scaler.pipeline.state.NodeBuilder` makes of them; ``fields`` are other
+    :class:`Snapshot` fields (``engines``, ``sources``)."""
+    builder = NodeBuilder(EMPTY_SNAPSHOT)
+    for device in devices:
+        builder.touch(node_of(device.key), published_at).devices[device.key] = device
+    for reading in attributions:
+        builder.touch(reading.node or LOCAL_NODE, published_at).attribute(reading)
+    nodes, count, pod_nodes, attributed_until = builder.finish(EMPTY_SNAPSHOT)
+    return Snapshot(
+        version=1,
+        published_at=published_at,
+        nodes=nodes,
+        device_count=count,
+        pods=pods,
+        pod_index=EMPTY_POD_INDEX if pods is None else index_pods(pods.pods),
+        pod_nodes=pod_nodes,
+        attributed_until=attributed_until,
+        **fields,
+    )
 
 
 async def inline(func: Callable[[], _T]) -> _T:

@@ -11,8 +11,10 @@ bus) is kept apart as unmatched: reported, never guessed.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+import math
+from collections.abc import Mapping
 from dataclasses import dataclass
+from types import MappingProxyType
 
 from keda_gpu_scaler.domain.samples import (
     POD_RESOURCES_SOURCE,
@@ -22,7 +24,7 @@ from keda_gpu_scaler.domain.samples import (
     PodResourcesReading,
     PodsReading,
 )
-from keda_gpu_scaler.domain.snapshot import DeviceState, Snapshot, stale_limit_s
+from keda_gpu_scaler.domain.snapshot import Snapshot, stale_limit_s
 
 REPLICA_SEPARATOR = "::"
 
@@ -45,55 +47,59 @@ class Attribution:
         return self.by_device.get(key, ())
 
 
-def terminated(pods: PodsReading | None) -> frozenset[tuple[str, str]]:
-    """(namespace, name) of the pods that have terminated, as far as the pod watch knows."""
-    if pods is None:
-        return frozenset()
-    return frozenset((p.namespace, p.name) for p in pods.pods if p.terminated())
-
-
-def live_holders(
-    attribution: PodResourcesReading, ended: frozenset[tuple[str, str]]
-) -> Iterable[DeviceHolder]:
-    """The holders of pods that have not ``ended``."""
-    if not ended:
-        return attribution.holders
-    return (h for h in attribution.holders if (h.namespace, h.pod) not in ended)
+def index_holders(
+    reading: PodResourcesReading | None,
+) -> tuple[
+    Mapping[tuple[str, str], tuple[DeviceHolder, ...]],
+    Mapping[DeviceKey, tuple[DeviceHolder, ...]],
+]:
+    """One node's holders by pod, and by the device key each ID names (``<node>/<uuid>``
+    on a cluster scaler)."""
+    if reading is None or not reading.holders:
+        return MappingProxyType({}), MappingProxyType({})
+    prefix = f"{reading.node}/" if reading.node else ""
+    by_pod: dict[tuple[str, str], list[DeviceHolder]] = {}
+    by_device: dict[DeviceKey, list[DeviceHolder]] = {}
+    for holder in reading.holders:
+        by_pod.setdefault((holder.namespace, holder.pod), []).append(holder)
+        by_device.setdefault(DeviceKey(prefix + device_key(holder.device_id)), []).append(holder)
+    return (
+        MappingProxyType({k: tuple(v) for k, v in by_pod.items()}),
+        MappingProxyType({k: tuple(v) for k, v in by_device.items()}),
+    )
 
 
 def attribute(snapshot: Snapshot) -> Attribution | None:
-    """Who holds which device of the snapshot; None without a PodResources answer.
-
-    On a cluster scaler each node agent's answer names its node, and its device IDs name
-    the keys ``<node>/<uuid>``."""
-    readings = [r for r in (snapshot.attribution, *snapshot.node_attributions.values()) if r]
-    if not readings:
+    """Who holds which device of the snapshot, on every node; None without a PodResources
+    answer. Holders of pods that terminated do not count."""
+    views = [v for v in snapshot.nodes.values() if v.attribution is not None]
+    if not views:
         return None
-    by_device: dict[DeviceKey, list[DeviceHolder]] = {}
+    ended = snapshot.pod_index.ended
+    by_device: dict[DeviceKey, tuple[DeviceHolder, ...]] = {}
     unmatched: list[DeviceHolder] = []
-    ended = terminated(snapshot.pods)  # once, not once per node
-    for reading in readings:
-        prefix = f"{reading.node}/" if reading.node else ""
-        for holder in live_holders(reading, ended):
-            key = DeviceKey(prefix + device_key(holder.device_id))
-            if key in snapshot.devices:
-                by_device.setdefault(key, []).append(holder)
+    for view in views:
+        for key, holders in view.by_device.items():
+            live = tuple(h for h in holders if (h.namespace, h.pod) not in ended)
+            if not live:
+                continue
+            if key in view.devices:
+                by_device[key] = live
             else:
-                unmatched.append(holder)
-    return Attribution({k: tuple(v) for k, v in by_device.items()}, tuple(unmatched))
+                unmatched.extend(live)
+    return Attribution(by_device, tuple(unmatched))
 
 
 def unavailable_reason(snapshot: Snapshot, now: float) -> str | None:
     """Why pod attribution cannot be used now, or None when it can. On a cluster scaler it
     can while one node's is fresh: the devices of a node whose attribution is stale count
     as missing (``domain.coverage``)."""
-    if snapshot.attribution is None and snapshot.node_attributions:
-        if any(
-            now - a.taken_at <= stale_limit_s(a.period_s)
-            for a in snapshot.node_attributions.values()
-        ):
+    if snapshot.attribution is None and snapshot.on_cluster():
+        if now <= snapshot.attributed_until:
             return None
-        return "pod attribution is stale on every node (no node agent's kubelet answered)"
+        if snapshot.attributed_until > -math.inf:
+            return "pod attribution is stale on every node (no node agent's kubelet answered)"
+        return "pod attribution is unavailable: no node agent has sent its kubelet's answer yet"
     return _unavailable(
         snapshot,
         snapshot.attribution,
@@ -150,18 +156,3 @@ def fresh_until(snapshot: Snapshot) -> float:
         if r is not None
     ]
     return min(ends, default=float("inf"))
-
-
-def devices_of(
-    attribution: Attribution, pods: set[tuple[str, str]], devices: Mapping[DeviceKey, DeviceState]
-) -> tuple[list[DeviceState], list[DeviceHolder]]:
-    """The devices held by ``pods`` (namespace, name), each once, by NVML index; and the
-    holders among those pods of IDs that match no device."""
-    chosen = [
-        devices[key]
-        for key, holders in attribution.by_device.items()
-        if any((h.namespace, h.pod) in pods for h in holders)
-    ]
-    chosen.sort(key=lambda d: (d.index, d.key))
-    lost = [h for h in attribution.unmatched if (h.namespace, h.pod) in pods]
-    return chosen, lost

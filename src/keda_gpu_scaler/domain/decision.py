@@ -10,13 +10,13 @@ cooldown entry and the activation threshold: cheap, and per caller.
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import NamedTuple
 
 from keda_gpu_scaler.domain.aggregation import aggregate
 from keda_gpu_scaler.domain.attribution import (
-    attribute,
-    devices_of,
+    device_key,
     pods_unavailable_reason,
     unavailable_reason,
 )
@@ -28,10 +28,13 @@ from keda_gpu_scaler.domain.cooldown import CooldownEntry, CooldownOutcome, appl
 from keda_gpu_scaler.domain.coverage import Coverage, refusal
 from keda_gpu_scaler.domain.errors import InvalidTrigger, NoData
 from keda_gpu_scaler.domain.history import EMPTY_HISTORY, History
-from keda_gpu_scaler.domain.samples import DeviceKey
+from keda_gpu_scaler.domain.samples import DeviceHolder, DeviceKey
 from keda_gpu_scaler.domain.snapshot import (
     STALE_AFTER_PERIODS,
     DeviceState,
+    NodeView,
+    PodIndex,
+    PodKey,
     Snapshot,
     stale_limit_s,
 )
@@ -55,6 +58,29 @@ class TriggerKey(NamedTuple):
 
 
 @dataclass(frozen=True, slots=True)
+class Basis:
+    """What a measurement read, so that a later snapshot can tell it still holds: the node
+    views (the same objects while a node sends nothing new), and for ``podSelector`` the pod
+    index and the index of pods by node."""
+
+    views: tuple[tuple[str, NodeView | None], ...]
+    node_count: int | None = None
+    """Set when every node was read: a node that joins changes the answer."""
+    pod_index: PodIndex | None = None
+    pod_nodes: Mapping[PodKey, frozenset[str]] | None = None
+
+    def holds(self, snapshot: Snapshot) -> bool:
+        if self.node_count is not None and len(snapshot.nodes) != self.node_count:
+            return False
+        if self.pod_index is not None and snapshot.pod_index is not self.pod_index:
+            return False
+        if self.pod_nodes is not None and snapshot.pod_nodes is not self.pod_nodes:
+            return False
+        nodes = snapshot.nodes
+        return all(nodes.get(name) is view for name, view in self.views)
+
+
+@dataclass(frozen=True, slots=True)
 class Measurement:
     value: float
     parts: tuple[tuple[int, float], ...]
@@ -74,6 +100,9 @@ class Measurement:
     scope: str = ""
     """Whose GPUs were measured, for a trigger with ``podSelector`` (pods ``app=x`` in ``ns``);
     with no ``parts`` it says why the value is 0 (no matching pod holds a GPU)."""
+    basis: Basis | None = None
+    """What it read: while that holds (and until ``fresh_until``) it is the measurement of
+    later snapshots too. None: of its own snapshot only."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -116,13 +145,6 @@ def _gpu_label(device: DeviceState) -> str:
     return f"{node} GPU {device.index}" if node else f"GPU {device.index}"
 
 
-def _on_cluster(snapshot: Snapshot) -> bool:
-    """A cluster scaler's snapshot: its devices were read by node agents, on their nodes."""
-    return bool(snapshot.node_attributions) or any(
-        d.reading is not None and d.reading.node for d in snapshot.devices.values()
-    )
-
-
 def _of_node(spec: TriggerSpec, devices: list[DeviceState]) -> list[DeviceState]:
     """``nodeName``: that node's devices only."""
     if spec.node_name is None:
@@ -136,12 +158,12 @@ def _of_node(spec: TriggerSpec, devices: list[DeviceState]) -> list[DeviceState]
     return chosen
 
 
-def _select(spec: TriggerSpec, snapshot: Snapshot) -> list[DeviceState]:
-    """gpuIndex -1: every GPU, a MIG-enabled GPU by its instances; N: physical GPU N."""
-    devices = snapshot.ordered_devices()
-    if not devices:
+def _select(spec: TriggerSpec, snapshot: Snapshot) -> tuple[list[DeviceState], Basis]:
+    """gpuIndex -1: every GPU, a MIG-enabled GPU by its instances; N: physical GPU N; on a
+    cluster scaler with ``nodeName``, of that node only (its view, not the whole cluster)."""
+    if not snapshot.device_count:
         raise NoData("no GPU readings yet")
-    if spec.node_name is None and _on_cluster(snapshot):
+    if spec.node_name is None and snapshot.on_cluster():
         if spec.gpu_index >= 0:
             raise InvalidTrigger(
                 "gpuIndex", str(spec.gpu_index), "needs nodeName on a cluster scaler"
@@ -150,19 +172,34 @@ def _select(spec: TriggerSpec, snapshot: Snapshot) -> list[DeviceState]:
             raise InvalidTrigger(
                 "migInstance", str(spec.mig_instance), "needs nodeName on a cluster scaler"
             )
-    devices = _of_node(spec, devices)
+    if spec.node_name is None:
+        basis = Basis(tuple(snapshot.nodes.items()), node_count=len(snapshot.nodes))
+        devices = snapshot.ordered_devices()
+    else:
+        view = snapshot.nodes.get(spec.node_name)
+        basis = Basis(((spec.node_name, view),))
+        if view is None or not view.devices:
+            nodes = sorted(n for n, v in snapshot.nodes.items() if n and v.devices)
+            raise NoData(
+                f"no GPU of node {spec.node_name} reported (nodes: {', '.join(nodes) or 'none'})"
+            )
+        devices = sorted(view.devices.values(), key=_by_index)
     if spec.mig_instance is not None:
-        return _select_instance(spec.mig_instance, devices)
+        return _select_instance(spec.mig_instance, devices), basis
     if spec.gpu_index < 0:
         chosen = [d for d in devices if not _is_mig_parent(d)]
         if not chosen:
             raise NoData("MIG is enabled on every GPU of this node and no MIG instance exists")
-        return chosen
+        return chosen, basis
     chosen = [d for d in devices if d.index == spec.gpu_index and not _is_instance(d)]
     if not chosen:
         known = ", ".join(sorted({str(d.index) for d in devices}, key=int))
         raise NoData(f"no GPU with gpuIndex {spec.gpu_index} on this node (GPUs: {known})")
-    return chosen
+    return chosen, basis
+
+
+def _by_index(device: DeviceState) -> tuple[int, str]:
+    return device.index, device.key
 
 
 def _select_instance(selector: MigSelector, devices: list[DeviceState]) -> list[DeviceState]:
@@ -200,24 +237,21 @@ def _fresh_part(
 ) -> tuple[list[DeviceState], Coverage | None]:
     """The selected devices to measure. On a node agent every one must be fresh; on a
     cluster scaler a partial view is answered where the coverage rule allows it."""
-    if not _on_cluster(snapshot):
+    if not snapshot.on_cluster():
         for device in selected:
             _check_fresh(device, now)
         return selected, None
-    stale_nodes = set()
-    if spec.pod_selector is not None:
-        stale_nodes = {
-            node
-            for node, a in snapshot.node_attributions.items()
-            if now - a.taken_at > stale_limit_s(a.period_s)
-        }
+    stale: dict[str, bool] = {}
     fresh: list[DeviceState] = []
     missing: list[str] = []
     for device in selected:
         why = _why_missing(device, now)
         node = device.reading.node if device.reading is not None else ""
-        if why is None and node in stale_nodes:
-            why = f"{_label(device)}: the attribution of node {node} is stale"
+        if why is None and spec.pod_selector is not None:
+            if node not in stale:
+                stale[node] = not _attribution_fresh(snapshot.nodes.get(node), now)
+            if stale[node]:
+                why = f"{_label(device)}: the attribution of node {node} is stale"
         if why is None:
             fresh.append(device)
         else:
@@ -227,6 +261,11 @@ def _fresh_part(
     if reason is not None:
         raise NoData(reason)
     return fresh, coverage if coverage.partial else None
+
+
+def _attribution_fresh(view: NodeView | None, now: float) -> bool:
+    a = None if view is None else view.attribution
+    return a is not None and now - a.taken_at <= stale_limit_s(a.period_s)
 
 
 def _counted_once(per_parent: bool, devices: list[DeviceState]) -> list[DeviceState]:
@@ -253,10 +292,12 @@ def measure(spec: TriggerSpec, snapshot: Snapshot, now: float) -> Measurement:
     if spec.pod_selector is not None:
         pods = _select_pods(spec, snapshot, now)
         if not pods.devices:
-            return Measurement(0.0, (), scope=pods.scope, fresh_until=pods.fresh_until)
-        selected = _of_node(spec, pods.devices)
+            return Measurement(
+                0.0, (), scope=pods.scope, fresh_until=pods.fresh_until, basis=pods.basis
+            )
+        selected, basis = _of_node(spec, pods.devices), pods.basis
     else:
-        selected = _select(spec, snapshot)
+        selected, basis = _select(spec, snapshot)
     selected, coverage = _fresh_part(spec, snapshot, selected, now)
     parts: list[tuple[int, float]] = []
     labels: list[str] = []
@@ -291,6 +332,7 @@ def measure(spec: TriggerSpec, snapshot: Snapshot, now: float) -> Measurement:
         scope="" if pods is None else pods.scope,
         readings=tuple(counts),
         coverage="" if coverage is None else coverage.describe(),
+        basis=basis,
     )
 
 
@@ -307,49 +349,79 @@ class _PodScope:
     """Who holds each device, in words: ``vllm-0``, ``vllm-0, vllm-1; shared``."""
     scope: str
     fresh_until: float
+    basis: Basis
 
 
 def _select_pods(spec: TriggerSpec, snapshot: Snapshot, now: float) -> _PodScope:
     """The devices held by the pods ``podSelector`` matches in ``podNamespace``, each once.
 
-    Raises :class:`NoData` when attribution or pod labels are unavailable (never 0), or when
-    a matching pod holds a device ID that names no GPU NVML reports (never guessed)."""
+    Reads the pods of that namespace and, through the index of pods by node, the views of
+    the nodes they hold devices on: nothing else of the cluster. Raises :class:`NoData`
+    when attribution or pod labels are unavailable (never 0), or when a matching pod holds
+    a device ID that names no GPU NVML reports (never guessed)."""
     selector, namespace = spec.pod_selector, spec.pod_namespace
     assert selector is not None  # parse_trigger sets both
     assert namespace is not None
     reason = unavailable_reason(snapshot, now) or pods_unavailable_reason(snapshot, now)
     if reason is not None:
         raise NoData(reason)
-    attribution = attribute(snapshot)
-    assert attribution is not None  # both available
-    assert snapshot.pods is not None
-    matching = {
+    index = snapshot.pod_index
+    matching = sorted(
         (p.namespace, p.name)
-        for p in snapshot.pods.pods
-        if p.namespace == namespace and not p.terminated() and selector.matches(p.labels)
-    }
-    devices, unmatched = devices_of(attribution, matching, snapshot.devices)
+        for p in index.by_namespace.get(namespace, ())
+        if not p.terminated() and selector.matches(p.labels)
+    )
+    chosen: dict[DeviceKey, tuple[DeviceState, NodeView]] = {}
+    unmatched: list[DeviceHolder] = []
+    views: dict[str, NodeView] = {}
+    for pod in matching:
+        for name in sorted(snapshot.pod_nodes.get(pod, ())):
+            view = views[name] = snapshot.nodes[name]
+            prefix = f"{name}/" if name else ""
+            for holder in view.by_pod[pod]:
+                key = DeviceKey(prefix + device_key(holder.device_id))
+                device = view.devices.get(key)
+                if device is None:
+                    unmatched.append(holder)
+                else:
+                    chosen[key] = (device, view)
+    basis = Basis(tuple(views.items()), pod_index=index, pod_nodes=snapshot.pod_nodes)
     if unmatched:
         held = ", ".join(f"{h.pod} holds {h.resource} {h.device_id}" for h in unmatched)
         raise NoData(f"{held}: no GPU that NVML reports on this node has that ID (not guessed)")
-    until = attribution_fresh_until(snapshot)
+    until = min(
+        [attribution_fresh_until(snapshot)]
+        + [
+            v.attribution.taken_at + stale_limit_s(v.attribution.period_s)
+            for v in views.values()
+            if v.name and v.attribution is not None and _attribution_fresh(v, now)
+        ]
+    )
     whose = f"pods {selector} in {namespace}"
-    if not devices:
+    if not chosen:
         if matching:
-            names = ", ".join(sorted(name for _, name in matching))
+            names = ", ".join(name for _, name in matching)
             text = f"{whose} ({names}) hold no GPU on this node"
         else:
             text = f"no pod {selector} in {namespace} holds a GPU on this node"
-        return _PodScope([], {}, f"{text} (a workload with no pods uses no GPU)", until)
+        return _PodScope([], {}, f"{text} (a workload with no pods uses no GPU)", until, basis)
+    devices = sorted((d for d, _ in chosen.values()), key=_by_index)
+    selected = set(matching)
     holders: dict[DeviceKey, str] = {}
-    for device in devices:
-        pods_on = list(dict.fromkeys((h.namespace, h.pod) for h in attribution.holders(device.key)))
-        text = ", ".join(name for ns, name in pods_on if (ns, name) in matching)
-        others = [f"{ns}/{name}" for ns, name in pods_on if (ns, name) not in matching]
+    for key, (_, view) in chosen.items():
+        pods_on = list(
+            dict.fromkeys(
+                (h.namespace, h.pod)
+                for h in view.by_device.get(key, ())
+                if (h.namespace, h.pod) not in index.ended
+            )
+        )
+        text = ", ".join(name for ns, name in pods_on if (ns, name) in selected)
+        others = [f"{ns}/{name}" for ns, name in pods_on if (ns, name) not in selected]
         if len(pods_on) > 1:
             text += "; shared" + (f" with {', '.join(others)}" if others else "")
-        holders[device.key] = text
-    return _PodScope(devices, holders, f"the GPUs of {whose}", until)
+        holders[key] = text
+    return _PodScope(devices, holders, f"the GPUs of {whose}", until, basis)
 
 
 def _fresh_until(device: DeviceState) -> float:

@@ -5,7 +5,8 @@ The aggregator builds a new :class:`Snapshot` per change; readers never see it m
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import math
+from collections.abc import Iterator, Mapping
 from types import MappingProxyType
 
 import msgspec
@@ -13,8 +14,10 @@ import msgspec
 from keda_gpu_scaler.domain.engines import EngineSample
 from keda_gpu_scaler.domain.history import EMPTY_HISTORY, History
 from keda_gpu_scaler.domain.samples import (
+    DeviceHolder,
     DeviceKey,
     GpuReading,
+    PodInfo,
     PodResourcesReading,
     PodsReading,
 )
@@ -81,12 +84,105 @@ class SourceState(msgspec.Struct, frozen=True, kw_only=True):
     faults: int = 0
 
 
-class Snapshot(msgspec.Struct, frozen=True, kw_only=True):
-    version: int
-    published_at: float
+PodKey = tuple[str, str]
+"""(namespace, name) of a pod."""
+
+LOCAL_NODE = ""
+"""The name under which a node agent keeps its own node's devices and attribution."""
+
+
+def node_of(key: DeviceKey) -> str:
+    """The node of a device key: ``<node>`` of a cluster scaler's ``<node>/<uuid>``, and
+    :data:`LOCAL_NODE` for a node agent's own keys (NVML UUIDs have no ``/``)."""
+    node, separator, _ = key.partition("/")
+    return node if separator else LOCAL_NODE
+
+
+class NodeView(msgspec.Struct, frozen=True, kw_only=True):
+    """Everything one node reported: its devices, who holds them, and the indexes of that.
+
+    The aggregator keeps one view per node and rebuilds only the views a batch touches, so
+    one node's update costs work in proportion to that node; an untouched view is the same
+    object in the next snapshot, which is how a measurement knows it still holds."""
+
+    name: str
+    """The node's name on a cluster scaler; :data:`LOCAL_NODE` on a node agent."""
     devices: Mapping[DeviceKey, DeviceState] = msgspec.field(
         default_factory=lambda: MappingProxyType({})
     )
+    attribution: PodResourcesReading | None = None
+    """The kubelet's newest good ``List`` on this node: who holds which device."""
+    by_pod: Mapping[PodKey, tuple[DeviceHolder, ...]] = msgspec.field(
+        default_factory=lambda: MappingProxyType({})
+    )
+    """Each pod's holders in ``attribution`` (every container, every device ID)."""
+    by_device: Mapping[DeviceKey, tuple[DeviceHolder, ...]] = msgspec.field(
+        default_factory=lambda: MappingProxyType({})
+    )
+    """The holders of each key the device IDs name (a key not in ``devices`` is unmatched)."""
+    last_heard_at: float | None = None
+    """When this node last sent anything (this process's clock); None: never."""
+
+
+class DeviceTable(Mapping[DeviceKey, DeviceState]):
+    """Every device of every node, read through the node views without copying them."""
+
+    __slots__ = ("_length", "_nodes")
+
+    def __init__(self, nodes: Mapping[str, NodeView], length: int) -> None:
+        self._nodes = nodes
+        self._length = length
+
+    def __getitem__(self, key: DeviceKey) -> DeviceState:
+        view = self._nodes.get(node_of(key))
+        if view is None:
+            raise KeyError(key)
+        return view.devices[key]
+
+    def __contains__(self, key: object) -> bool:
+        if not isinstance(key, str):
+            return False
+        view = self._nodes.get(node_of(DeviceKey(key)))
+        return view is not None and key in view.devices
+
+    def __iter__(self) -> Iterator[DeviceKey]:
+        for view in self._nodes.values():
+            yield from view.devices
+
+    def __len__(self) -> int:
+        return self._length
+
+
+class PodIndex(msgspec.Struct, frozen=True, kw_only=True):
+    """The pod watch's newest set, by namespace, and the pods in it that have terminated."""
+
+    by_namespace: Mapping[str, tuple[PodInfo, ...]] = msgspec.field(
+        default_factory=lambda: MappingProxyType({})
+    )
+    ended: frozenset[PodKey] = frozenset()
+
+
+def index_pods(pods: tuple[PodInfo, ...]) -> PodIndex:
+    by_namespace: dict[str, list[PodInfo]] = {}
+    for pod in pods:
+        by_namespace.setdefault(pod.namespace, []).append(pod)
+    return PodIndex(
+        by_namespace=MappingProxyType({ns: tuple(p) for ns, p in by_namespace.items()}),
+        ended=frozenset((p.namespace, p.name) for p in pods if p.terminated()),
+    )
+
+
+EMPTY_POD_INDEX = PodIndex()
+
+
+class Snapshot(msgspec.Struct, frozen=True, kw_only=True):
+    version: int
+    published_at: float
+    nodes: Mapping[str, NodeView] = msgspec.field(default_factory=lambda: MappingProxyType({}))
+    """Each node's view: the node agent's own (:data:`LOCAL_NODE`), or on a cluster scaler
+    one per node agent heard."""
+    device_count: int = 0
+    """How many devices the views hold together."""
     sources: Mapping[str, SourceState] = msgspec.field(default_factory=lambda: MappingProxyType({}))
     engines: Mapping[str, EngineSample] = msgspec.field(
         default_factory=lambda: MappingProxyType({})
@@ -96,18 +192,52 @@ class Snapshot(msgspec.Struct, frozen=True, kw_only=True):
         default_factory=lambda: MappingProxyType({})
     )
     """Recent values of each engine sampler that windows read, by source name."""
-    attribution: PodResourcesReading | None = None
-    """The newest good ``List`` of the kubelet PodResources API: who holds which device."""
-    node_attributions: Mapping[str, PodResourcesReading] = msgspec.field(
+    pods: PodsReading | None = None
+    """This node's pods (labels, phase) as the Kubernetes API last showed them; the
+    cluster's on a cluster scaler."""
+    pod_index: PodIndex = EMPTY_POD_INDEX
+    """``pods`` by namespace; the same object while the set of pods does not change."""
+    pod_nodes: Mapping[PodKey, frozenset[str]] = msgspec.field(
         default_factory=lambda: MappingProxyType({})
     )
-    """On a cluster scaler: each node agent's newest attribution, by node name."""
-    pods: PodsReading | None = None
-    """This node's pods (labels, phase) as the Kubernetes API last showed them."""
+    """The nodes whose attribution names each pod; the same object while no node's holders
+    change."""
+    attributed_until: float = -math.inf
+    """On a cluster scaler: when the freshest node attribution goes stale."""
+
+    @property
+    def devices(self) -> Mapping[DeviceKey, DeviceState]:
+        """Every device of every node, by key."""
+        return DeviceTable(self.nodes, self.device_count)
+
+    @property
+    def attribution(self) -> PodResourcesReading | None:
+        """A node agent's newest good ``List`` of its kubelet: who holds which device."""
+        local = self.nodes.get(LOCAL_NODE)
+        return None if local is None else local.attribution
+
+    @property
+    def node_attributions(self) -> Mapping[str, PodResourcesReading]:
+        """On a cluster scaler: each node agent's newest attribution, by node name."""
+        return {
+            name: view.attribution
+            for name, view in self.nodes.items()
+            if name != LOCAL_NODE and view.attribution is not None
+        }
+
+    def on_cluster(self) -> bool:
+        """A cluster scaler's snapshot: its devices were read by node agents, on their
+        nodes."""
+        return any(name != LOCAL_NODE for name in self.nodes)
+
+    def all_devices(self) -> Iterator[DeviceState]:
+        """Every device, node by node."""
+        for view in self.nodes.values():
+            yield from view.devices.values()
 
     def ordered_devices(self) -> list[DeviceState]:
         """Devices by NVML index, the order nvidia-smi shows."""
-        return sorted(self.devices.values(), key=lambda d: (d.index, d.key))
+        return sorted(self.all_devices(), key=_by_index)
 
     def readiness(self, now: float) -> tuple[bool, str]:
         """Ready while at least one device has a fresh reading; the reason says why not."""
@@ -125,7 +255,11 @@ class Snapshot(msgspec.Struct, frozen=True, kw_only=True):
         return False, f"no fresh reading: {len(devices)} device(s) lost or stale"
 
     def has_fresh_reading(self, now: float) -> bool:
-        return any(not d.is_lost() and not d.is_stale(now) for d in self.devices.values())
+        return any(not d.is_lost() and not d.is_stale(now) for d in self.all_devices())
+
+
+def _by_index(device: DeviceState) -> tuple[int, str]:
+    return device.index, device.key
 
 
 EMPTY_SNAPSHOT = Snapshot(version=0, published_at=0.0)

@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import math
+from collections.abc import Iterable, Mapping
 from types import MappingProxyType
 
 import msgspec
 
+from keda_gpu_scaler.domain.attribution import index_holders
 from keda_gpu_scaler.domain.engines import EngineSample
 from keda_gpu_scaler.domain.history import EMPTY_HISTORY, NO_HISTORY, History, HistoryPlan
 from keda_gpu_scaler.domain.samples import (
     Batch,
+    DeviceHolder,
     DeviceKey,
     GpuReading,
     PodResourcesReading,
@@ -20,7 +23,18 @@ from keda_gpu_scaler.domain.samples import (
     SourceStopped,
     unbatch,
 )
-from keda_gpu_scaler.domain.snapshot import DeviceState, Snapshot, SourceState
+from keda_gpu_scaler.domain.snapshot import (
+    EMPTY_POD_INDEX,
+    LOCAL_NODE,
+    DeviceState,
+    NodeView,
+    PodKey,
+    Snapshot,
+    SourceState,
+    index_pods,
+    node_of,
+    stale_limit_s,
+)
 from keda_gpu_scaler.domain.windows import extend_device, extend_engine
 
 
@@ -28,14 +42,15 @@ def fold(
     snapshot: Snapshot, samples: Iterable[Sample], now: float, *, plan: HistoryPlan = NO_HISTORY
 ) -> Snapshot:
     """The snapshot after ``samples``, one version later; ``plan`` says what history of
-    each device and engine to keep for windows (none by default)."""
-    devices: dict[DeviceKey, DeviceState] = dict(snapshot.devices)
+    each device and engine to keep for windows (none by default).
+
+    Work is in proportion to the nodes the samples touch: only their views are rebuilt, and
+    the indexes by pod only when a node's holders change."""
+    nodes = NodeBuilder(snapshot)
     sources: dict[str, SourceState] = dict(snapshot.sources)
     engines: dict[str, EngineSample] = dict(snapshot.engines)
     engine_history: dict[str, History] = dict(snapshot.engine_history)
-    attribution = snapshot.attribution
-    node_attributions: dict[str, PodResourcesReading] = dict(snapshot.node_attributions)
-    pods = snapshot.pods
+    pods, pod_index = snapshot.pods, snapshot.pod_index
     samples = tuple(samples)
     for item in samples:
         if isinstance(item, Batch | GpuReading | EngineSample | PodResourcesReading | PodsReading):
@@ -45,19 +60,14 @@ def fold(
             sources.pop(sample.source, None)
             engines.pop(sample.source, None)
             engine_history.pop(sample.source, None)
-            if attribution is not None and attribution.source == sample.source:
-                attribution = None
             if pods is not None and pods.source == sample.source:
-                pods = None
-            # A link to a node agent that left: its node's devices and attribution too.
-            for key in [k for k, d in devices.items() if _published_by(d, sample.source)]:
-                del devices[key]
-            for node in [n for n, a in node_attributions.items() if _under(a.source, sample)]:
-                del node_attributions[node]
+                pods, pod_index = None, EMPTY_POD_INDEX
+            nodes.stopped(sample)
             continue
         source = sources.get(sample.source) or SourceState(name=sample.source)
         if isinstance(sample, GpuReading):
-            devices[sample.key] = _read(devices.get(sample.key), sample, plan, now)
+            node = nodes.touch(sample.node or LOCAL_NODE, now)
+            node.devices[sample.key] = _read(node.devices.get(sample.key), sample, plan, now)
             sources[sample.source] = _heard(source, sample.taken_at)
         elif isinstance(sample, EngineSample):
             engines[sample.source] = sample
@@ -68,31 +78,186 @@ def fold(
                 engine_history.pop(sample.source, None)
             sources[sample.source] = _heard(source, sample.taken_at, fault=sample.error)
         elif isinstance(sample, PodResourcesReading):
-            if sample.node:  # a node agent's, on a cluster scaler
-                node_attributions[sample.node] = sample
-            else:
-                attribution = sample
+            nodes.touch(sample.node or LOCAL_NODE, now).attribute(sample)
             sources[sample.source] = _heard(source, sample.taken_at)
         elif isinstance(sample, PodsReading):
+            if pods is None or sample.pods != pods.pods:
+                pod_index = index_pods(sample.pods)
             pods = sample
             sources[sample.source] = _heard(source, sample.taken_at)
         else:
             if sample.key is None:
                 source = msgspec.structs.replace(source, fault=sample.reason, fault_at=sample.at)
             elif sample.lost:
-                devices[sample.key] = _mark_lost(devices.get(sample.key), sample)
+                node = nodes.touch(node_of(sample.key), None)
+                node.devices[sample.key] = _mark_lost(node.devices.get(sample.key), sample)
             sources[sample.source] = msgspec.structs.replace(source, faults=source.faults + 1)
+    views, count, pod_nodes, attributed_until = nodes.finish(snapshot)
     return Snapshot(
         version=snapshot.version + 1,
         published_at=now,
-        devices=MappingProxyType(devices),
+        nodes=views,
+        device_count=count,
         sources=MappingProxyType(sources),
         engines=MappingProxyType(engines),
         engine_history=MappingProxyType(engine_history),
-        attribution=attribution,
-        node_attributions=MappingProxyType(node_attributions),
         pods=pods,
+        pod_index=pod_index,
+        pod_nodes=pod_nodes,
+        attributed_until=attributed_until,
     )
+
+
+class _Node:
+    """A node's view being rebuilt within one fold."""
+
+    __slots__ = ("attribution", "devices", "last_heard_at", "name", "reindex")
+
+    def __init__(self, view: NodeView) -> None:
+        self.name = view.name
+        self.devices: dict[DeviceKey, DeviceState] = dict(view.devices)
+        self.attribution = view.attribution
+        self.last_heard_at = view.last_heard_at
+        self.reindex = False
+
+    def attribute(self, reading: PodResourcesReading) -> None:
+        old = self.attribution
+        if old is None or (reading.holders is not old.holders and reading.holders != old.holders):
+            self.reindex = True
+        self.attribution = reading
+
+
+class NodeBuilder:
+    """The node views of one fold: untouched ones are kept as they are; touched ones are
+    rebuilt, and the indexes by pod with them, by :meth:`finish`."""
+
+    def __init__(self, snapshot: Snapshot) -> None:
+        self._old = snapshot.nodes
+        self._touched: dict[str, _Node] = {}
+        self._removed: set[str] = set()
+
+    def touch(self, name: str, heard_at: float | None) -> _Node:
+        node = self._touched.get(name)
+        if node is None:
+            view = self._old.get(name) if name not in self._removed else None
+            node = self._touched[name] = _Node(view or NodeView(name=name))
+            if name in self._removed:  # gone and back within one batch: index it anew
+                node.reindex = True
+                self._removed.discard(name)
+        if heard_at is not None:
+            node.last_heard_at = heard_at
+        return node
+
+    def stopped(self, stopped: SourceStopped) -> None:
+        """A source stopped on purpose: the attribution it published goes, and a link to a
+        node agent that left takes its node's view with it."""
+        for name in [n for n in {*self._old, *self._touched} if n not in self._removed]:
+            devices, attribution = self._current(name)
+            published = attribution is not None and _under(attribution.source, stopped)
+            if name != LOCAL_NODE and (
+                published or any(_published_by(d, stopped.source) for d in devices.values())
+            ):
+                self._touched.pop(name, None)
+                self._removed.add(name)
+            elif published:
+                node = self.touch(name, None)
+                node.attribution = None
+                node.reindex = True
+
+    def _current(
+        self, name: str
+    ) -> tuple[Mapping[DeviceKey, DeviceState], PodResourcesReading | None]:
+        node = self._touched.get(name)
+        if node is not None:
+            return node.devices, node.attribution
+        view = self._old[name]
+        return view.devices, view.attribution
+
+    def finish(
+        self, snapshot: Snapshot
+    ) -> tuple[Mapping[str, NodeView], int, Mapping[PodKey, frozenset[str]], float]:
+        if not self._touched and not self._removed:
+            return (
+                snapshot.nodes,
+                snapshot.device_count,
+                snapshot.pod_nodes,
+                snapshot.attributed_until,
+            )
+        views = dict(self._old)
+        count = snapshot.device_count
+        pod_nodes: dict[PodKey, frozenset[str]] | None = None
+        recount_attribution = False
+        attributed_until = snapshot.attributed_until
+        for name in self._removed:
+            view = views.pop(name, None)
+            if view is None:
+                continue
+            count -= len(view.devices)
+            if view.by_pod:
+                pod_nodes = _unindex(_copy(pod_nodes, snapshot), name, view.by_pod)
+            recount_attribution = recount_attribution or view.attribution is not None
+        for name, node in self._touched.items():
+            old = views.get(name)
+            count += len(node.devices) - (0 if old is None else len(old.devices))
+            by_pod = old.by_pod if old is not None else NodeView(name=name).by_pod
+            by_device = old.by_device if old is not None else NodeView(name=name).by_device
+            if node.reindex:
+                if by_pod:
+                    pod_nodes = _unindex(_copy(pod_nodes, snapshot), name, by_pod)
+                by_pod, by_device = index_holders(node.attribution)
+                if by_pod:
+                    pod_nodes = _copy(pod_nodes, snapshot)
+                    for pod in by_pod:
+                        pod_nodes[pod] = pod_nodes.get(pod, frozenset()) | {name}
+                recount_attribution = recount_attribution or node.attribution is None
+            a = node.attribution
+            if a is not None and name != LOCAL_NODE:
+                attributed_until = max(attributed_until, a.taken_at + stale_limit_s(a.period_s))
+            views[name] = NodeView(
+                name=name,
+                devices=MappingProxyType(node.devices),
+                attribution=node.attribution,
+                by_pod=by_pod,
+                by_device=by_device,
+                last_heard_at=node.last_heard_at,
+            )
+        if recount_attribution:
+            attributed_until = max(
+                (
+                    v.attribution.taken_at + stale_limit_s(v.attribution.period_s)
+                    for n, v in views.items()
+                    if v.attribution is not None and n != LOCAL_NODE
+                ),
+                default=-math.inf,
+            )
+        return (
+            MappingProxyType(views),
+            count,
+            snapshot.pod_nodes if pod_nodes is None else MappingProxyType(pod_nodes),
+            attributed_until,
+        )
+
+
+def _copy(
+    pod_nodes: dict[PodKey, frozenset[str]] | None, snapshot: Snapshot
+) -> dict[PodKey, frozenset[str]]:
+    """The index of pods by node being rebuilt: the snapshot's, copied on first change."""
+    return dict(snapshot.pod_nodes) if pod_nodes is None else pod_nodes
+
+
+def _unindex(
+    pod_nodes: dict[PodKey, frozenset[str]],
+    name: str,
+    by_pod: Mapping[PodKey, tuple[DeviceHolder, ...]],
+) -> dict[PodKey, frozenset[str]]:
+    """``pod_nodes`` without node ``name`` under the pods of ``by_pod``."""
+    for pod in by_pod:
+        left = pod_nodes.get(pod, frozenset()) - {name}
+        if left:
+            pod_nodes[pod] = left
+        else:
+            pod_nodes.pop(pod, None)
+    return pod_nodes
 
 
 def _under(source: str, stopped: SourceStopped) -> bool:
@@ -100,9 +265,7 @@ def _under(source: str, stopped: SourceStopped) -> bool:
 
 
 def _published_by(device: DeviceState, source: str) -> bool:
-    return (
-        device.reading is not None and device.reading.node != "" and device.reading.source == source
-    )
+    return device.reading is not None and device.reading.source == source
 
 
 def _read(

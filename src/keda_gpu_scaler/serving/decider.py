@@ -6,7 +6,9 @@ often share one map. So, per server:
 - metadata is parsed once per distinct map (typo warnings are logged once per ScaledObject,
   naming it);
 - the measured value of a trigger spec is computed once per snapshot version and shared by
-  every stream and unary call with that spec, until a reading it used goes stale;
+  every stream and unary call with that spec, until a reading it used goes stale; a later
+  version that changed nothing it read (on a cluster scaler, an update of another node)
+  keeps it (:class:`~keda_gpu_scaler.domain.decision.Basis`);
 - only the cooldown entry and the activity are per ScaledObject (cheap);
 - a trigger with ``windowSeconds`` tells the hub's :class:`HistoryDemand` to keep that much
   of its metric's history, as soon as its metadata is first parsed (KEDA's GetMetricSpec),
@@ -20,7 +22,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import anyio
 
@@ -47,6 +49,11 @@ class _Measured:
     valid_until: float
     measurement: Measurement | None
     error: NoData | InvalidTrigger | None
+
+    def holds(self, snapshot: Snapshot) -> bool:
+        """Whether this measurement is also that of ``snapshot`` (a later version)."""
+        m = self.measurement
+        return m is not None and m.basis is not None and m.basis.holds(snapshot)
 
     def result(self) -> Measurement:
         if self.error is not None:
@@ -138,6 +145,9 @@ class Decider:
         until a reading it used goes stale. Raises :class:`NoData` or
         :class:`InvalidTrigger` as :func:`~keda_gpu_scaler.domain.decision.measure` does."""
         cached = self._measured.get(spec)
+        if cached is not None and cached.version != snapshot.version and cached.holds(snapshot):
+            # Nothing it read changed (another node's update made this version): it holds.
+            cached = self._measured[spec] = replace(cached, version=snapshot.version)
         if cached is None or cached.version != snapshot.version or now > cached.valid_until:
             cached = self._measure_now(spec, snapshot, now)
         return cached.result()

@@ -1,0 +1,262 @@
+"""Per-node state on a cluster scaler: a node's update rebuilds that node's view only, the
+index of pods by node follows every change of holders, and a measurement that read nothing
+a newer snapshot changed is kept for it."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from keda_gpu_scaler.domain.decision import measure
+from keda_gpu_scaler.domain.samples import (
+    PODS_SOURCE,
+    Batch,
+    DeviceHolder,
+    DeviceKey,
+    GpuReading,
+    PodInfo,
+    PodResourcesReading,
+    PodsReading,
+    Sample,
+    SourceFault,
+    SourceStopped,
+)
+from keda_gpu_scaler.domain.snapshot import EMPTY_SNAPSHOT, Snapshot, node_of
+from keda_gpu_scaler.domain.trigger import parse_trigger
+from keda_gpu_scaler.pipeline.hub import SnapshotHub
+from keda_gpu_scaler.pipeline.state import fold
+from keda_gpu_scaler.serving.decider import Decider
+from keda_gpu_scaler.testing import CountingMeasure
+
+NOW = 100.0
+NODES = ("node-a", "node-b", "node-c")
+
+
+def _reading(node: str, gpu: int, value: float = 50.0, *, at: float = NOW) -> GpuReading:
+    uuid = f"GPU-{node}-{gpu}"
+    return GpuReading(
+        source=f"agent/{node}",
+        key=DeviceKey(f"{node}/{uuid}"),
+        index=gpu,
+        uuid=uuid,
+        name="H200",
+        taken_at=at,
+        period_s=1.0,
+        gpu_utilization=value,
+        node=node,
+    )
+
+
+def _update(node: str, value: float = 50.0, *, at: float = NOW) -> Batch:
+    return Batch(
+        source=f"agent/{node}", samples=tuple(_reading(node, g, value, at=at) for g in (0, 1))
+    )
+
+
+def _holders(node: str, pods: dict[int, str]) -> PodResourcesReading:
+    return PodResourcesReading(
+        source=f"agent/{node}/pod-resources",
+        taken_at=NOW,
+        period_s=5.0,
+        node=node,
+        holders=tuple(
+            DeviceHolder(
+                namespace="serve",
+                pod=pod,
+                container="main",
+                resource="nvidia.com/gpu",
+                device_id=f"GPU-{node}-{gpu}",
+            )
+            for gpu, pod in pods.items()
+        ),
+    )
+
+
+def _pods(*names: str, at: float = NOW) -> PodsReading:
+    return PodsReading(
+        source=PODS_SOURCE,
+        taken_at=at,
+        period_s=10.0,
+        node="",
+        pods=tuple(
+            PodInfo(namespace="serve", name=n, labels={"app": n.split("-")[0]}, phase="Running")
+            for n in names
+        ),
+    )
+
+
+def _cluster() -> Snapshot:
+    return fold(
+        EMPTY_SNAPSHOT,
+        [
+            *(_update(n) for n in NODES),
+            _holders("node-a", {0: "vllm-0", 1: "train-0"}),
+            _holders("node-b", {0: "vllm-1"}),
+            _holders("node-c", {1: "train-1"}),
+            _pods("vllm-0", "vllm-1", "train-0", "train-1"),
+        ],
+        NOW,
+    )
+
+
+def test_an_update_of_one_node_keeps_every_other_view_as_it_was() -> None:
+    before = _cluster()
+    after = fold(before, [_update("node-b", 70.0)], NOW + 1)
+    assert after.nodes["node-a"] is before.nodes["node-a"]
+    assert after.nodes["node-c"] is before.nodes["node-c"]
+    assert after.nodes["node-b"] is not before.nodes["node-b"]
+    assert after.pod_nodes is before.pod_nodes  # no holder changed
+    assert after.pod_index is before.pod_index
+    assert after.devices[DeviceKey("node-b/GPU-node-b-0")].reading.gpu_utilization == 70.0  # type: ignore[union-attr]
+    assert len(after.devices) == after.device_count == 6
+
+
+def test_the_same_holders_again_keep_the_index() -> None:
+    before = _cluster()
+    after = fold(before, [_holders("node-a", {0: "vllm-0", 1: "train-0"})], NOW + 5)
+    assert after.pod_nodes is before.pod_nodes
+    assert after.nodes["node-a"].by_pod is before.nodes["node-a"].by_pod
+    assert after.nodes["node-a"].attribution is not before.nodes["node-a"].attribution
+
+
+def test_a_pod_that_moves_moves_in_the_index() -> None:
+    after = fold(
+        _cluster(),
+        [_holders("node-a", {0: "train-0"}), _holders("node-c", {0: "vllm-0", 1: "train-1"})],
+        NOW,
+    )
+    assert after.pod_nodes[("serve", "vllm-0")] == frozenset({"node-c"})
+    assert after.pod_nodes[("serve", "train-0")] == frozenset({"node-a"})
+    spec = parse_trigger({"podSelector": "app=vllm", "aggregation": "sum"}, "serve")
+    measured = measure(spec, after, NOW)
+    assert sorted(measured.labels) == ["node-b GPU 0 (vllm-1)", "node-c GPU 0 (vllm-0)"]
+
+
+def test_a_node_that_leaves_leaves_the_index() -> None:
+    after = fold(_cluster(), [SourceStopped(source="agent/node-a")], NOW)
+    assert set(after.nodes) == {"node-b", "node-c"}
+    assert ("serve", "vllm-0") not in after.pod_nodes
+    assert ("serve", "train-0") not in after.pod_nodes
+    assert after.device_count == len(list(after.devices)) == 4
+
+
+# -- the views against a model: whatever the order of samples ------------------------------
+
+_NODE = st.sampled_from(NODES)
+_PODS = st.dictionaries(
+    st.sampled_from([0, 1, 2]), st.sampled_from(["p-0", "p-1", "p-2"]), max_size=3
+)
+_STEP = st.one_of(
+    st.tuples(st.just("readings"), _NODE, st.sets(st.sampled_from([0, 1, 2]), max_size=3)),
+    st.tuples(st.just("holders"), _NODE, _PODS),
+    st.tuples(st.just("lost"), _NODE, st.sampled_from([0, 1, 2])),
+    st.tuples(st.just("stopped"), _NODE, st.none()),
+)
+
+
+def _sample(step: tuple[str, str, object]) -> Sample:
+    kind, node, arg = step
+    if kind == "readings":
+        assert isinstance(arg, set)
+        return Batch(source=f"agent/{node}", samples=tuple(_reading(node, g) for g in sorted(arg)))
+    if kind == "holders":
+        assert isinstance(arg, dict)
+        return _holders(node, arg)
+    if kind == "lost":
+        assert isinstance(arg, int)
+        key = DeviceKey(f"{node}/GPU-{node}-{arg}")
+        return SourceFault(source=f"agent/{node}", key=key, at=NOW, reason="fell off", lost=True)
+    return SourceStopped(source=f"agent/{node}")
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.lists(_STEP, min_size=1, max_size=4), max_size=8))
+def test_views_and_indexes_agree_with_a_model(batches: list[list[tuple[str, str, object]]]) -> None:
+    snapshot = EMPTY_SNAPSHOT
+    devices: dict[str, set[str]] = {}
+    read: set[str] = set()  # nodes with a reading (a lost device alone has none)
+    holders: dict[str, dict[int, str]] = {}
+    for batch in batches:
+        for kind, node, arg in batch:
+            if kind == "readings":
+                assert isinstance(arg, set)
+                devices.setdefault(node, set()).update(f"{node}/GPU-{node}-{g}" for g in arg)
+                read.update([node] if arg else [])
+            elif kind == "holders":
+                assert isinstance(arg, dict)
+                holders[node] = dict(arg)
+                devices.setdefault(node, set())
+            elif kind == "lost":
+                assert isinstance(arg, int)
+                devices.setdefault(node, set()).add(f"{node}/GPU-{node}-{arg}")
+            else:
+                # A link that leaves takes its node's view, if it published anything there.
+                if node in read or node in holders:
+                    devices.pop(node, None)
+                    holders.pop(node, None)
+                    read.discard(node)
+        snapshot = fold(snapshot, [_sample(s) for s in batch], NOW)
+    expected = sorted(k for keys in devices.values() for k in keys)
+    assert sorted(snapshot.devices) == expected
+    assert len(snapshot.devices) == snapshot.device_count == len(expected)
+    for key in expected:
+        assert key in snapshot.devices
+        assert snapshot.devices[DeviceKey(key)].key == key
+        assert node_of(DeviceKey(key)) in snapshot.nodes
+    pod_nodes: dict[tuple[str, str], set[str]] = {}
+    for node, pods in holders.items():
+        for pod in pods.values():
+            pod_nodes.setdefault(("serve", pod), set()).add(node)
+    assert {k: set(v) for k, v in snapshot.pod_nodes.items()} == pod_nodes
+    for pod, nodes in snapshot.pod_nodes.items():
+        for node in nodes:
+            assert pod in snapshot.nodes[node].by_pod
+
+
+# -- one measurement for many versions -----------------------------------------------------
+
+
+@pytest.mark.anyio
+async def test_a_measurement_is_kept_while_only_other_nodes_change() -> None:
+    hub = SnapshotHub()
+    counting = CountingMeasure()
+    decider = Decider(hub, measure=counting)
+    spec = parse_trigger({"podSelector": "app=vllm"}, "serve")
+    hub.publish(_cluster())
+    first = decider.measurement(spec, hub.current, NOW)
+    hub.publish(fold(hub.current, [_update("node-c", 90.0)], NOW + 0.5))  # train-1's node
+    assert decider.measurement(spec, hub.current, NOW + 0.5) is first
+    assert len(counting.calls) == 1
+    hub.publish(fold(hub.current, [_update("node-a", 10.0, at=NOW + 0.6)], NOW + 0.6))
+    again = decider.measurement(spec, hub.current, NOW + 0.6)
+    assert len(counting.calls) == 2
+    assert again.parts != first.parts
+
+
+@pytest.mark.anyio
+async def test_a_kept_measurement_still_ends_when_its_readings_go_stale() -> None:
+    hub = SnapshotHub()
+    counting = CountingMeasure()
+    decider = Decider(hub, measure=counting)
+    spec = parse_trigger({"podSelector": "app=vllm"}, "serve")
+    hub.publish(_cluster())
+    decider.measurement(spec, hub.current, NOW)
+    later = NOW + 5  # node-a's and node-b's readings (1 s period) are stale by now
+    hub.publish(fold(hub.current, [_update("node-c", at=later)], later))
+    with pytest.raises(Exception, match="stale"):
+        decider.measurement(spec, hub.current, later)
+    assert len(counting.calls) == 2
+
+
+@pytest.mark.anyio
+async def test_a_node_that_joins_changes_every_gpu() -> None:
+    hub = SnapshotHub()
+    counting = CountingMeasure()
+    decider = Decider(hub, measure=counting)
+    spec = parse_trigger({"aggregation": "sum"}, "serve")
+    hub.publish(_cluster())
+    assert decider.measurement(spec, hub.current, NOW).value == 300.0
+    hub.publish(fold(hub.current, [_update("node-d")], NOW))
+    assert decider.measurement(spec, hub.current, NOW).value == 400.0
+    assert len(counting.calls) == 2
