@@ -144,6 +144,11 @@ def _call(port: int, request: Any, mods: GrpcioModules) -> Any:
         return mods.pb2_grpc.ExternalScalerStub(channel).GetMetrics(request, timeout=5)
 
 
+def _spec(port: int, ref: Any, mods: GrpcioModules) -> Any:
+    with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
+        return mods.pb2_grpc.ExternalScalerStub(channel).GetMetricSpec(ref, timeout=5)
+
+
 async def _value(cluster: Cluster, mods: GrpcioModules, **metadata: str) -> float:
     ref = mods.pb2.ScaledObjectRef(
         name="so", namespace="serve", scalerMetadata={"cooldownSeconds": "0", **metadata}
@@ -180,6 +185,17 @@ async def test_gpu_index_without_a_node_is_invalid_argument(
         await _value(cluster, grpcio_modules, gpuIndex="0")
     assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert "needs nodeName" in str(caught.value.details())
+    # GetMetricSpec too: KEDA learns of the mistake when the ScaledObject is created.
+    for metadata in ({"gpuIndex": "0"}, {"migInstance": "0:1"}):
+        ref = grpcio_modules.pb2.ScaledObjectRef(
+            name="so", namespace="serve", scalerMetadata=metadata
+        )
+        with pytest.raises(grpc.RpcError) as caught:
+            await anyio.to_thread.run_sync(partial(_spec, cluster.scaler.port, ref, grpcio_modules))
+        assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        key = next(iter(metadata))
+        assert f"{key}" in str(caught.value.details())
+        assert "needs nodeName" in str(caught.value.details())
 
 
 async def test_an_agent_killed_is_a_partial_view_then_recovers(

@@ -209,9 +209,9 @@ def test_views_and_indexes_agree_with_a_model(batches: list[list[tuple[str, str,
         for pod in pods.values():
             pod_nodes.setdefault(("serve", pod), set()).add(node)
     assert {k: set(v) for k, v in snapshot.pod_nodes.items()} == pod_nodes
-    for pod, nodes in snapshot.pod_nodes.items():
+    for pod_key, nodes in snapshot.pod_nodes.items():
         for node in nodes:
-            assert pod in snapshot.nodes[node].by_pod
+            assert pod_key in snapshot.nodes[node].by_pod
 
 
 # -- one measurement for many versions -----------------------------------------------------

@@ -289,7 +289,9 @@ async def open_scaler(
         decider = Decider(hub, telemetry=metrics, engines=engines)
         streams = StreamRegistry(hub, decider)
         await background.start(streams.run)
-        service = ExternalScalerService(decider, streams, metrics)
+        service = ExternalScalerService(
+            decider, streams, metrics, cluster=isinstance(source, AgentsSource)
+        )
         node_agent = NodeAgentService(hub, node_name or socket.gethostname(), telemetry=metrics)
         metrics.read_live(
             lambda: hub.current,

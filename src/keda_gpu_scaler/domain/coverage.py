@@ -16,9 +16,13 @@ from __future__ import annotations
 import math
 import re
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from keda_gpu_scaler.domain.aggregation import Aggregation
 from keda_gpu_scaler.domain.errors import InvalidTrigger
+
+if TYPE_CHECKING:
+    from keda_gpu_scaler.domain.trigger import TriggerSpec
 
 DEFAULT_MIN_COVERAGE = 0.75
 MISSING_NAMED = 8
@@ -88,3 +92,16 @@ def parse_node_name(raw: str) -> str:
     if len(raw) > 253 or not _NODE.fullmatch(raw):
         raise InvalidTrigger("nodeName", raw, "must be a node name (RFC 1123 subdomain)")
     return raw
+
+
+def check_cluster_trigger(spec: TriggerSpec) -> None:
+    """On a cluster scaler, ``gpuIndex`` and ``migInstance`` name a device of one node:
+    without ``nodeName`` they are refused (every node has a GPU 0)."""
+    if spec.node_name is not None:
+        return
+    if spec.gpu_index >= 0:
+        raise InvalidTrigger("gpuIndex", str(spec.gpu_index), "needs nodeName on a cluster scaler")
+    if spec.mig_instance is not None:
+        raise InvalidTrigger(
+            "migInstance", str(spec.mig_instance), "needs nodeName on a cluster scaler"
+        )

@@ -25,7 +25,7 @@ from keda_gpu_scaler.domain.attribution import (
 )
 from keda_gpu_scaler.domain.catalog import CATALOG, MetricInfo
 from keda_gpu_scaler.domain.cooldown import CooldownEntry, CooldownOutcome, apply_cooldown
-from keda_gpu_scaler.domain.coverage import Coverage, refusal
+from keda_gpu_scaler.domain.coverage import Coverage, check_cluster_trigger, refusal
 from keda_gpu_scaler.domain.errors import InvalidTrigger, NoData
 from keda_gpu_scaler.domain.history import EMPTY_HISTORY, History
 from keda_gpu_scaler.domain.samples import DeviceHolder, DeviceKey
@@ -163,15 +163,8 @@ def _select(spec: TriggerSpec, snapshot: Snapshot) -> tuple[list[DeviceState], B
     cluster scaler with ``nodeName``, of that node only (its view, not the whole cluster)."""
     if not snapshot.device_count:
         raise NoData("no GPU readings yet")
-    if spec.node_name is None and snapshot.on_cluster():
-        if spec.gpu_index >= 0:
-            raise InvalidTrigger(
-                "gpuIndex", str(spec.gpu_index), "needs nodeName on a cluster scaler"
-            )
-        if spec.mig_instance is not None:
-            raise InvalidTrigger(
-                "migInstance", str(spec.mig_instance), "needs nodeName on a cluster scaler"
-            )
+    if snapshot.on_cluster():
+        check_cluster_trigger(spec)
     if spec.node_name is None:
         basis = Basis(tuple(snapshot.nodes.items()), node_count=len(snapshot.nodes))
         devices = snapshot.ordered_devices()

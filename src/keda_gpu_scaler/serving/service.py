@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 from collections.abc import AsyncIterator
 
+from keda_gpu_scaler.domain.coverage import check_cluster_trigger
 from keda_gpu_scaler.domain.decision import TriggerKey
 from keda_gpu_scaler.domain.errors import NoData
 from keda_gpu_scaler.domain.trigger import TriggerSpec
@@ -53,13 +54,25 @@ def metric_value(name: str, value: float) -> MetricValue:
 
 
 class ExternalScalerService(ExternalScalerBase):
-    def __init__(self, decider: Decider, streams: StreamRegistry, telemetry: Telemetry) -> None:
+    def __init__(
+        self,
+        decider: Decider,
+        streams: StreamRegistry,
+        telemetry: Telemetry,
+        *,
+        cluster: bool = False,
+    ) -> None:
+        """``cluster``: this is a cluster scaler, where a GPU index or a MIG instance means
+        nothing without a ``nodeName`` (refused on every RPC, GetMetricSpec included)."""
         self._decider = decider
         self._streams = streams
         self.telemetry = telemetry
+        self._cluster = cluster
 
     def _key(self, ref: ScaledObjectRef) -> TriggerKey:
         spec = self._decider.parse(ref.scaler_metadata, ref.namespace, ref.name)
+        if self._cluster:
+            check_cluster_trigger(spec)
         return TriggerKey(ref.namespace, ref.name, spec)
 
     @unary("GetMetricSpec")
