@@ -1,8 +1,8 @@
 """One WatchNode stream, received: the rules it must keep, and its updates as samples.
 
-Sans-I/O: :class:`StreamReader` takes each decoded ``NodeUpdate`` with the cluster's clock
-at receipt and returns the samples to publish, or raises :class:`BadUpdate` naming what the
-agent got wrong. The rules:
+Sans-I/O: :class:`StreamReader` takes each decoded ``NodeUpdate`` (what it reads of one is
+:class:`UpdateMessage`) with the cluster's clock at receipt and returns the samples to
+publish, or raises :class:`BadUpdate` naming what the agent got wrong. The rules:
 
 - the first message is the agent's identity, and the only one: a second identity (the same
   name or another) is refused, as is one naming another node than discovery found;
@@ -22,16 +22,10 @@ from __future__ import annotations
 
 import math
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
-from keda_gpu_scaler._proto_agent.kedagpuscaler.v1 import (
-    Attribution,
-    DeviceReading,
-    NodeIdentity,
-    NodeReadings,
-    NodeUpdate,
-)
 from keda_gpu_scaler.domain.errors import SourceFailure
 from keda_gpu_scaler.domain.samples import (
     FLOAT_READINGS,
@@ -50,6 +44,7 @@ from keda_gpu_scaler.domain.samples import (
 __all__ = [
     "BadUpdate",
     "StreamReader",
+    "UpdateMessage",
     "attribution_source",
     "readings_source",
 ]
@@ -58,6 +53,96 @@ _OTHER_READINGS = tuple(n for n in OPTIONAL_READINGS if n not in FLOAT_READINGS)
 # Kubernetes node names are RFC 1123 subdomains; an agent falling back to its host name may
 # send capitals or underscores. Never "/", which separates the node from the key.
 _NODE_NAME = re.compile(r"[A-Za-z0-9]([-A-Za-z0-9_.]{0,251}[A-Za-z0-9])?")
+
+
+# What the reader reads of a decoded NodeUpdate, by the proto's field names: the cluster
+# scaler's decoder (``codec``) makes it, and the generated classes the node agent encodes
+# with have it too.
+
+
+class IdentityMessage(Protocol):
+    @property
+    def node_name(self) -> str: ...
+    @property
+    def agent_version(self) -> str: ...
+    @property
+    def sample_period_s(self) -> float: ...
+    @property
+    def heartbeat_s(self) -> float: ...
+
+
+class DeviceMessage(Protocol):
+    """Its optional readings are read by name (``OPTIONAL_READINGS``)."""
+
+    @property
+    def key(self) -> str: ...
+    @property
+    def index(self) -> int: ...
+    @property
+    def uuid(self) -> str: ...
+    @property
+    def name(self) -> str: ...
+    @property
+    def age_s(self) -> float: ...
+    @property
+    def period_s(self) -> float: ...
+    @property
+    def mig_enabled(self) -> bool: ...
+
+
+class LostMessage(Protocol):
+    @property
+    def key(self) -> str: ...
+    @property
+    def index(self) -> int: ...
+    @property
+    def reason(self) -> str: ...
+    @property
+    def lost_for_s(self) -> float: ...
+
+
+class FaultMessage(Protocol):
+    @property
+    def source(self) -> str: ...
+    @property
+    def reason(self) -> str: ...
+    @property
+    def age_s(self) -> float: ...
+
+
+class AttributionMessage(Protocol):
+    """Its holders and DRA devices are read by the domain structs' field names."""
+
+    @property
+    def age_s(self) -> float: ...
+    @property
+    def period_s(self) -> float: ...
+    @property
+    def same_holders(self) -> bool: ...
+    @property
+    def holders(self) -> Sequence[object]: ...
+    @property
+    def dra(self) -> Sequence[object]: ...
+
+
+class ReadingsMessage(Protocol):
+    @property
+    def devices(self) -> Sequence[DeviceMessage]: ...
+    @property
+    def lost(self) -> Sequence[LostMessage]: ...
+    @property
+    def faults(self) -> Sequence[FaultMessage]: ...
+    @property
+    def attribution(self) -> AttributionMessage | None: ...
+
+
+class UpdateMessage(Protocol):
+    @property
+    def identity(self) -> IdentityMessage | None: ...
+    @property
+    def readings(self) -> ReadingsMessage | None: ...
+    @property
+    def heartbeat(self) -> object | None: ...
 
 
 class BadUpdate(SourceFailure):
@@ -86,7 +171,7 @@ class StreamReader:
     _lists: tuple[tuple[DeviceHolder, ...], tuple[DraDevice, ...]] | None = None
 
     def receive(
-        self, update: NodeUpdate, received_at: float
+        self, update: UpdateMessage, received_at: float
     ) -> tuple[PodResourcesReading | Batch, ...]:
         """The samples ``update`` stands for (none for an identity or a heartbeat)."""
         kinds = [
@@ -109,7 +194,7 @@ class StreamReader:
             return ()
         return self._samples(self.node, update.readings, received_at)
 
-    def _identify(self, identity: NodeIdentity) -> None:
+    def _identify(self, identity: IdentityMessage) -> None:
         name = identity.node_name
         if self.node is not None:
             if name != self.node:
@@ -127,7 +212,7 @@ class StreamReader:
         self.agent_version = identity.agent_version
 
     def _samples(
-        self, node: str, readings: NodeReadings, received_at: float
+        self, node: str, readings: ReadingsMessage, received_at: float
     ) -> tuple[PodResourcesReading | Batch, ...]:
         source = readings_source(node)
         samples: list[GpuReading | SourceFault] = []
@@ -166,7 +251,7 @@ class StreamReader:
         return tuple(out)
 
     def _attribution(
-        self, node: str, attribution: Attribution, received_at: float
+        self, node: str, attribution: AttributionMessage, received_at: float
     ) -> PodResourcesReading:
         if attribution.same_holders:
             if self._lists is None:
@@ -185,7 +270,7 @@ class StreamReader:
         )
 
 
-def _reading(device: DeviceReading, node: str, source: str, received_at: float) -> GpuReading:
+def _reading(device: DeviceMessage, node: str, source: str, received_at: float) -> GpuReading:
     floats: dict[str, Any] = {n: finite_or_none(getattr(device, n)) for n in FLOAT_READINGS}
     others: dict[str, Any] = {n: getattr(device, n) for n in _OTHER_READINGS}
     return GpuReading(
@@ -203,18 +288,18 @@ def _reading(device: DeviceReading, node: str, source: str, received_at: float) 
     )
 
 
-def _holders(attribution: Attribution) -> tuple[DeviceHolder, ...]:
+def _holders(attribution: AttributionMessage) -> tuple[DeviceHolder, ...]:
     return tuple(_as(DeviceHolder, h) for h in attribution.holders)
 
 
-def _dra(attribution: Attribution) -> tuple[DraDevice, ...]:
+def _dra(attribution: AttributionMessage) -> tuple[DraDevice, ...]:
     return tuple(_as(DraDevice, d) for d in attribution.dra)
 
 
 _S = TypeVar("_S", DeviceHolder, DraDevice)
 
 
-def _as(kind: type[_S], message: Any) -> _S:
+def _as(kind: type[_S], message: object) -> _S:
     """The domain struct of a proto message with its fields, by name."""
     return kind(**{name: getattr(message, name) for name in kind.__struct_fields__})
 
