@@ -40,10 +40,11 @@ from grpclib.const import Cardinality, Status
 from grpclib.exceptions import GRPCError, ProtocolError, StreamTerminatedError
 from grpclib.metadata import decode_grpc_message
 
-from keda_gpu_scaler._proto_agent.kedagpuscaler.v1 import NodeUpdate, WatchNodeRequest
+from keda_gpu_scaler._proto_agent.kedagpuscaler.v1 import WatchNodeRequest
 from keda_gpu_scaler.domain.backoff import Backoff
 from keda_gpu_scaler.domain.errors import SourceFailure
 from keda_gpu_scaler.domain.samples import AgentTarget, Sample, SourceFault
+from keda_gpu_scaler.sources.agents.codec import CodecError, NodeUpdate, decode_update
 from keda_gpu_scaler.sources.agents.updates import BadUpdate, StreamReader, readings_source
 
 log = logging.getLogger(__name__)
@@ -224,9 +225,9 @@ class AgentLink:
         if data is None:
             return None
         try:
-            return NodeUpdate.parse(data)
-        except Exception as exc:  # betterproto2 raises whatever its parse met (EOFError, ...)
-            raise BadUpdate(f"a message that does not decode ({type(exc).__name__})") from exc
+            return decode_update(data)
+        except CodecError as exc:
+            raise BadUpdate(f"a message that does not decode ({exc})") from exc
 
     def _hint(self, exc: Exception) -> str:
         """What a connection dropped before any answer usually means (an agent that refuses
