@@ -367,6 +367,7 @@ def _decode(plan: _Plan, data: bytes, pos: int, end: int) -> msgspec.Struct:
     """The message of ``plan`` in ``data[pos:end]``."""
     values = plan.defaults.copy()
     by_tag = plan.by_tag
+    unpack_double = _unpack_double
     tag = _NO_TAG
     try:
         while pos < end:
@@ -388,15 +389,25 @@ def _decode(plan: _Plan, data: bytes, pos: int, end: int) -> msgspec.Struct:
             if kind == _DOUBLE:
                 if pos + 8 > end:
                     raise _error(plan, tag, f"a double with {end - pos} of its 8 bytes")
-                values[slot] = _unpack_double(data, pos)[0]
+                values[slot] = unpack_double(data, pos)[0]
                 pos += 8
                 continue
             # Every other kind starts with a varint: its length or its value.
             if pos < end and data[pos] < 0x80:
                 n = data[pos]
                 pos += 1
-            else:
-                n, pos = _varint(plan, tag, data, pos, end)
+            else:  # a longer varint (memory sizes, negatives), inline: a call costs more
+                start, n, shift = pos, 0, 0
+                while pos < end and shift < 70:
+                    byte = data[pos]
+                    pos += 1
+                    n |= (byte & 0x7F) << shift
+                    if byte < 0x80:
+                        break
+                    shift += 7
+                else:
+                    raise _bad_varint(plan, tag, start, end)
+                n &= _MASK64
             if kind == _STRING:
                 stop = pos + n
                 if stop > end:
@@ -440,10 +451,15 @@ def _varint(plan: _Plan, tag: int, data: bytes, pos: int, end: int) -> tuple[int
             return (value | byte << shift) & _MASK64, pos + shift // 7 + 1
         value |= (byte & 0x7F) << shift
         shift += 7
+    raise _bad_varint(plan, tag, pos, end)
+
+
+def _bad_varint(plan: _Plan, tag: int, pos: int, end: int) -> CodecError:
+    """The error for a varint at ``pos`` that has no last byte within 10 bytes or ``end``."""
     what = "tag" if tag == _NO_TAG else "varint"
     if end - pos >= 10:
-        raise _error(plan, tag, f"a {what} longer than 10 bytes")
-    raise _error(plan, tag, f"a {what} cut short by the end of the message")
+        return _error(plan, tag, f"a {what} longer than 10 bytes")
+    return _error(plan, tag, f"a {what} cut short by the end of the message")
 
 
 def _skip(plan: _Plan, tag: int, data: bytes, pos: int, end: int) -> int:
