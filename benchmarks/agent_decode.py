@@ -1,0 +1,180 @@
+"""Decoding the node agent's WatchNode updates on a cluster scaler: betterproto2 and the codec.
+
+Two updates as a node agent sends them (its own ``device_reading`` and
+``attribution_lists``): the cluster-scale benchmark's typical one (8 GPUs, no attribution,
+``cluster_scale._Agents(10).message(3, 1, False)``), and a MIG node's with its attribution
+(56 MIG instances, 56 holders). Each is decoded ``--iterations`` times with betterproto2's
+``NodeUpdate.parse`` and with ``decode_update``, alternating in rounds so that a noisy
+neighbour hits both alike, and each result goes through ``StreamReader.receive`` as a link
+does. Prints microseconds per update (median of the rounds) and the ratios side by side,
+and the share of one core that 1000 agents at one update a second would take; writes JSON.
+
+Usage: python benchmarks/agent_decode.py [--iterations 500] [--rounds 7] [--json OUT]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from cluster_scale import _Agents
+from soak import write_json
+
+from keda_gpu_scaler._proto_agent.kedagpuscaler.v1 import (
+    Attribution,
+    NodeIdentity,
+    NodeReadings,
+    NodeUpdate,
+)
+from keda_gpu_scaler.domain.samples import (
+    POD_RESOURCES_SOURCE,
+    DeviceHolder,
+    DeviceKey,
+    GpuReading,
+    PodResourcesReading,
+)
+from keda_gpu_scaler.serving.node_agent import attribution_lists, device_reading
+from keda_gpu_scaler.sources.agents.codec import decode_update
+from keda_gpu_scaler.sources.agents.updates import StreamReader, UpdateMessage
+
+ROOT = Path(__file__).resolve().parents[1]
+DEFAULT_JSON = ROOT / "benchmarks" / "results" / "agent_decode.json"
+AGENTS = 1000
+GPUS, INSTANCES_PER_GPU = 8, 7
+IDENTITY = bytes(
+    NodeUpdate(identity=NodeIdentity("node-0003", "bench", sample_period_s=1.0, heartbeat_s=1.0))
+)
+
+
+def mig_update() -> bytes:
+    """56 1g MIG instances (7 on each of 8 GPUs), their GPM readings, and an attribution
+    listing one holder for each."""
+    now = 1000.0
+    readings = [
+        GpuReading(
+            source="nvml",
+            key=DeviceKey(f"MIG-bench-{g:02d}-{i:02d}"),
+            index=g,
+            uuid=f"MIG-bench-{g:02d}-{i:02d}",
+            name="NVIDIA H200 MIG 1g.18gb",
+            taken_at=now - 0.02,
+            period_s=1.0,
+            memory_used_bytes=(4 + i) << 30,
+            memory_total_bytes=16 << 30,
+            sm_active=30.0 + i,
+            sm_occupancy=20.0 + i,
+            tensor_active=10.0 + i,
+            dram_bw_util=5.0 + i,
+            parent_index=g,
+            parent_uuid=f"GPU-bench-{g:04d}",
+            gpu_instance_id=7 + i,
+            compute_instance_id=0,
+        )
+        for g in range(GPUS)
+        for i in range(INSTANCES_PER_GPU)
+    ]
+    holders = tuple(
+        DeviceHolder(
+            namespace="bench",
+            pod=f"work-{n}",
+            container="main",
+            resource="nvidia.com/mig-1g.18gb",
+            device_id=r.uuid,
+        )
+        for n, r in enumerate(readings)
+    )
+    kubelet = PodResourcesReading(
+        source=POD_RESOURCES_SOURCE, taken_at=now - 1.0, period_s=5.0, holders=holders
+    )
+    lists = attribution_lists(kubelet)
+    attribution = Attribution(age_s=1.0, period_s=5.0, holders=lists[0], dra=lists[1])
+    devices = [device_reading(r, now) for r in readings]
+    return bytes(NodeUpdate(readings=NodeReadings(devices=devices, attribution=attribution)))
+
+
+def _reader(decode: Callable[[bytes], UpdateMessage]) -> StreamReader:
+    """A reader past the agent's identity, as a link's is after its first message."""
+    reader = StreamReader()
+    reader.receive(decode(IDENTITY), 0.0)
+    return reader
+
+
+def _per_call_us(func: Callable[[], object], iterations: int) -> float:
+    start = time.perf_counter()
+    for _ in range(iterations):
+        func()
+    return (time.perf_counter() - start) / iterations * 1e6
+
+
+def measure(data: bytes, iterations: int, rounds: int) -> dict[str, Any]:
+    """Median microseconds per update of each step, over ``rounds`` alternating rounds."""
+    theirs, ours = NodeUpdate.parse(data), decode_update(data)
+    reader_theirs, reader_ours = _reader(NodeUpdate.parse), _reader(decode_update)
+    steps: dict[str, Callable[[], object]] = {
+        "betterproto2_decode": lambda: NodeUpdate.parse(data),
+        "codec_decode": lambda: decode_update(data),
+        "receive_betterproto2_result": lambda: reader_theirs.receive(theirs, 1.0),
+        "receive_codec_result": lambda: reader_ours.receive(ours, 1.0),
+    }
+    assert steps["receive_codec_result"]() == steps["receive_betterproto2_result"]()
+    times: dict[str, list[float]] = {name: [] for name in steps}
+    for _ in range(rounds):
+        for name, func in steps.items():
+            times[name].append(_per_call_us(func, iterations))
+    us = {name: round(statistics.median(values), 2) for name, values in times.items()}
+    before = us["betterproto2_decode"] + us["receive_betterproto2_result"]
+    after = us["codec_decode"] + us["receive_codec_result"]
+    return {
+        "bytes": len(data),
+        "us_per_update": us,
+        "decode_ratio": round(us["betterproto2_decode"] / us["codec_decode"], 1),
+        "decode_and_receive_us": {"betterproto2": round(before, 2), "codec": round(after, 2)},
+        "core_share_at_1000_agents": {
+            "betterproto2": round(before * AGENTS / 1e6, 3),
+            "codec": round(after * AGENTS / 1e6, 3),
+        },
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--iterations", type=int, default=500, help="calls per timed round")
+    parser.add_argument("--rounds", type=int, default=7)
+    parser.add_argument("--json", type=Path, default=DEFAULT_JSON)
+    args = parser.parse_args()
+    updates = {
+        "8 GPUs (cluster_scale's typical update)": _Agents(10).message(3, 1, False),
+        "56 MIG instances, 56 holders": mig_update(),
+    }
+    results = []
+    for name, data in updates.items():
+        result = {"update": name, "iterations": args.iterations, "rounds": args.rounds}
+        result |= measure(data, args.iterations, args.rounds)
+        results.append(result)
+        _print(result)
+    write_json(args.json, results)
+    print(f"wrote {args.json}")
+
+
+def _print(result: dict[str, Any]) -> None:
+    us = result["us_per_update"]
+    both = result["decode_and_receive_us"]
+    share = result["core_share_at_1000_agents"]
+    print(f"{result['update']}: {result['bytes']} bytes, median of {result['rounds']} rounds")
+    print(f"  {'us per update':24s} {'betterproto2':>12s} {'codec':>10s} {'ratio':>7s}")
+    rows = [
+        ("decode", us["betterproto2_decode"], us["codec_decode"]),
+        ("StreamReader.receive", us["receive_betterproto2_result"], us["receive_codec_result"]),
+        ("decode + receive", both["betterproto2"], both["codec"]),
+    ]
+    for label, before, after in rows:
+        print(f"  {label:24s} {before:12.1f} {after:10.1f} {before / after:6.1f}x")
+    print(f"  {'core share, 1000 agents':24s} {share['betterproto2']:12.1%} {share['codec']:10.1%}")
+
+
+if __name__ == "__main__":
+    main()
