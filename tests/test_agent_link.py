@@ -482,7 +482,7 @@ def _framed_garbage() -> dict[str, tuple[list[bytes], str]]:
             [identity(NODE), b"\x0a\xff"],
             "sent garbage: a message that does not decode",
         ),
-        "no kind": ([identity(NODE), b"garbage!"], "no known kind of update in it"),
+        "no kind": ([identity(NODE), b"\x20\x01"], "no known kind of update in it"),
         "no identity": ([readings(_device())], "the first message is readings"),
         "renamed": (
             [identity(NODE), readings(_device()), identity("gpu-node-9")],

@@ -118,9 +118,15 @@ class CountingMeasure:
         self.calls: list[tuple[TriggerSpec, int]] = []
         """(spec, snapshot version) of every evaluation."""
 
-    def __call__(self, spec: TriggerSpec, snapshot: Snapshot, now: float) -> Measurement:
+    def __call__(
+        self,
+        spec: TriggerSpec,
+        snapshot: Snapshot,
+        now: float,
+        previous: Measurement | None = None,
+    ) -> Measurement:
         self.calls.append((spec, snapshot.version))
-        return real_measure(spec, snapshot, now)
+        return real_measure(spec, snapshot, now, previous)
 
 
 def snapshot_after(samples: Iterable[Sample], now: float) -> Snapshot:

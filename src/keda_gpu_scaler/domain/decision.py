@@ -10,8 +10,9 @@ cooldown entry and the activation threshold: cheap, and per caller.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
-from dataclasses import dataclass
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
 from typing import NamedTuple
 
 from keda_gpu_scaler.domain.aggregation import aggregate
@@ -103,6 +104,10 @@ class Measurement:
     basis: Basis | None = None
     """What it read: while that holds (and until ``fresh_until``) it is the measurement of
     later snapshots too. None: of its own snapshot only."""
+    node_parts: Mapping[str, NodePart] = field(default_factory=lambda: MappingProxyType({}))
+    """Each node's part, lent to the next measurement of the spec (``measure(previous=)``)."""
+    pods: _PodScope | None = field(default=None, repr=False)
+    """A ``podSelector``'s scope, lent likewise while no holder or pod changed."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -143,19 +148,6 @@ def _gpu_label(device: DeviceState) -> str:
     """The physical GPU of a device (a MIG instance's parent), with its node on a cluster."""
     node = device.reading.node if device.reading is not None else ""
     return f"{node} GPU {device.index}" if node else f"GPU {device.index}"
-
-
-def _of_node(spec: TriggerSpec, devices: list[DeviceState]) -> list[DeviceState]:
-    """``nodeName``: that node's devices only."""
-    if spec.node_name is None:
-        return devices
-    chosen = [d for d in devices if d.reading is not None and d.reading.node == spec.node_name]
-    if not chosen:
-        nodes = sorted({d.reading.node for d in devices if d.reading and d.reading.node})
-        raise NoData(
-            f"no GPU of node {spec.node_name} reported (nodes: {', '.join(nodes) or 'none'})"
-        )
-    return chosen
 
 
 def _select(spec: TriggerSpec, snapshot: Snapshot) -> tuple[list[DeviceState], Basis]:
@@ -203,12 +195,6 @@ def _select_instance(selector: MigSelector, devices: list[DeviceState]) -> list[
     return chosen
 
 
-def _check_fresh(device: DeviceState, now: float) -> None:
-    why = _why_missing(device, now)
-    if why is not None:
-        raise NoData(why)
-
-
 def _why_missing(device: DeviceState, now: float) -> str | None:
     """Why a device has no usable reading now, or None when it has one."""
     if device.lost_reason is not None:
@@ -225,44 +211,14 @@ def _why_missing(device: DeviceState, now: float) -> str | None:
     return None
 
 
-def _fresh_part(
-    spec: TriggerSpec, snapshot: Snapshot, selected: list[DeviceState], now: float
-) -> tuple[list[DeviceState], Coverage | None]:
-    """The selected devices to measure. On a node agent every one must be fresh; on a
-    cluster scaler a partial view is answered where the coverage rule allows it."""
-    if not snapshot.on_cluster():
-        for device in selected:
-            _check_fresh(device, now)
-        return selected, None
-    stale: dict[str, bool] = {}
-    fresh: list[DeviceState] = []
-    missing: list[str] = []
-    for device in selected:
-        why = _why_missing(device, now)
-        node = device.reading.node if device.reading is not None else ""
-        if why is None and spec.pod_selector is not None:
-            if node not in stale:
-                stale[node] = not _attribution_fresh(snapshot.nodes.get(node), now)
-            if stale[node]:
-                why = f"{_label(device)}: the attribution of node {node} is stale"
-        if why is None:
-            fresh.append(device)
-        else:
-            missing.append(why)
-    coverage = Coverage(len(selected), tuple(missing))
-    reason = refusal(spec.aggregation, coverage, spec.min_coverage)
-    if reason is not None:
-        raise NoData(reason)
-    return fresh, coverage if coverage.partial else None
-
-
 def _attribution_fresh(view: NodeView | None, now: float) -> bool:
     a = None if view is None else view.attribution
     return a is not None and now - a.taken_at <= stale_limit_s(a.period_s)
 
 
 def _counted_once(per_parent: bool, devices: list[DeviceState]) -> list[DeviceState]:
-    """Instances carry copies of whole-GPU readings: keep one instance per GPU for those."""
+    """Instances carry copies of whole-GPU readings: keep one instance per GPU for those
+    (``devices`` are of one node: GPU 0 of two nodes are two GPUs)."""
     if not per_parent:
         return devices
     seen: set[int] = set()
@@ -276,42 +232,161 @@ def _counted_once(per_parent: bool, devices: list[DeviceState]) -> list[DeviceSt
     return kept
 
 
-def measure(spec: TriggerSpec, snapshot: Snapshot, now: float) -> Measurement:
-    """The aggregated value of the trigger's metric; raises :class:`NoData` if there is none."""
-    info = CATALOG[spec.metric_type]
-    if info.read is None:
-        return _measure_engine(spec, info, snapshot, now)
-    pods: _PodScope | None = None
-    if spec.pod_selector is not None:
-        pods = _select_pods(spec, snapshot, now)
-        if not pods.devices:
-            return Measurement(
-                0.0, (), scope=pods.scope, fresh_until=pods.fresh_until, basis=pods.basis
-            )
-        selected, basis = _of_node(spec, pods.devices), pods.basis
-    else:
-        selected, basis = _select(spec, snapshot)
-    selected, coverage = _fresh_part(spec, snapshot, selected, now)
+Group = tuple[str, tuple[DeviceKey, ...]]
+"""A node and the keys of its selected devices, by NVML index."""
+
+
+@dataclass(frozen=True, slots=True)
+class NodePart:
+    """What one node's selected devices contributed to a measurement: kept for the next
+    one while the node's view is the same object (a node that sent nothing new) and its
+    readings are fresh, so a measurement over many nodes redoes only the nodes that
+    changed."""
+
+    view: NodeView
+    keys: tuple[DeviceKey, ...]
+    attributed: bool
+    """Its attribution was fresh (or not needed): a stale one makes its devices missing."""
+    parts: tuple[tuple[int, float], ...]
+    labels: tuple[str, ...]
+    unsupported: tuple[DeviceState, ...]
+    missing: tuple[str, ...]
+    counts: tuple[int, ...]
+    until: float
+    """When this part must be redone at the latest (a reading goes stale, a window moves)."""
+
+
+class _Rescope(Exception):
+    """A device the cached pod scope names is gone from its node: select afresh."""
+
+
+def _node_part(
+    spec: TriggerSpec,
+    info: MetricInfo,
+    view: NodeView,
+    keys: tuple[DeviceKey, ...],
+    attributed: bool,
+    holders: Mapping[DeviceKey, str] | None,
+    now: float,
+) -> NodePart:
+    devices = view.devices
+    fresh: list[DeviceState] = []
+    missing: list[str] = []
+    for key in keys:
+        device = devices.get(key)
+        if device is None:
+            raise _Rescope(key)
+        why = _why_missing(device, now)
+        if why is None and not attributed:
+            why = f"{_label(device)}: the attribution of node {view.name} is stale"
+        if why is None:
+            fresh.append(device)
+        else:
+            missing.append(why)
+    until = min((_fresh_until(d) for d in fresh), default=math.inf)
     parts: list[tuple[int, float]] = []
     labels: list[str] = []
     unsupported: list[DeviceState] = []
     counts: list[int] = []
-    until = min(_fresh_until(d) for d in selected)
-    for device in _counted_once(info.per_parent, selected):
+    for device in _counted_once(info.per_parent, fresh):
         assert device.reading is not None
+        assert info.read is not None
         value = info.read(device.reading)
         if value is None:
             unsupported.append(device)
             continue
+        # A whole-GPU reading seen through an instance belongs to the GPU.
+        label = _gpu_label(device) if info.per_parent else _label(device)
         if spec.window_s:
-            who = _gpu_label(device) if info.per_parent else _label(device)
-            window = _window(spec, device.history, now, who)
+            window = _window(spec, device.history, now, label)
             value, until = window.value, min(until, window.fresh_until)
             counts.append(window.readings)
         parts.append((device.index, value))
-        # A whole-GPU reading seen through an instance belongs to the GPU.
-        label = _gpu_label(device) if info.per_parent else _label(device)
-        labels.append(label if pods is None else f"{label} ({pods.holders[device.key]})")
+        labels.append(label if holders is None else f"{label} ({holders[device.key]})")
+    return NodePart(
+        view,
+        keys,
+        attributed,
+        tuple(parts),
+        tuple(labels),
+        tuple(unsupported),
+        tuple(missing),
+        tuple(counts),
+        until,
+    )
+
+
+def _groups(devices: list[DeviceState]) -> tuple[Group, ...]:
+    """Selected devices by node (in node order), each node's by NVML index."""
+    by_node: dict[str, list[DeviceKey]] = {}
+    for device in sorted(devices, key=_by_index):
+        node = device.reading.node if device.reading is not None else ""
+        by_node.setdefault(node, []).append(device.key)
+    return tuple((node, tuple(keys)) for node, keys in sorted(by_node.items()))
+
+
+def measure(
+    spec: TriggerSpec, snapshot: Snapshot, now: float, previous: Measurement | None = None
+) -> Measurement:
+    """The aggregated value of the trigger's metric; raises :class:`NoData` if there is none.
+
+    ``previous``, an earlier measurement of the same spec, lends the parts of nodes whose
+    views did not change since (and its pod scope, while no holder or pod changed)."""
+    info = CATALOG[spec.metric_type]
+    if info.read is None:
+        return _measure_engine(spec, info, snapshot, now)
+    try:
+        return _measure_devices(spec, info, snapshot, now, previous)
+    except _Rescope:
+        return _measure_devices(spec, info, snapshot, now, None)
+
+
+def _measure_devices(
+    spec: TriggerSpec,
+    info: MetricInfo,
+    snapshot: Snapshot,
+    now: float,
+    previous: Measurement | None,
+) -> Measurement:
+    pods: _PodScope | None = None
+    until = math.inf
+    if spec.pod_selector is not None:
+        pods = _select_pods(spec, snapshot, now, None if previous is None else previous.pods)
+        until = _scope_until(snapshot, pods, now)
+        if not pods.groups:
+            return Measurement(
+                0.0, (), scope=pods.text, fresh_until=until, basis=pods.basis, pods=pods
+            )
+        groups = pods.groups
+        if spec.node_name is not None:
+            groups = tuple(g for g in groups if g[0] == spec.node_name)
+            if not groups:
+                nodes = ", ".join(g[0] for g in pods.groups)
+                raise NoData(f"no GPU of node {spec.node_name} reported (nodes: {nodes})")
+        basis = pods.basis
+    else:
+        selected, basis = _select(spec, snapshot)
+        groups = _groups(selected)
+    cluster = snapshot.on_cluster()
+    known = {} if previous is None else previous.node_parts
+    node_parts: dict[str, NodePart] = {}
+    for name, keys in groups:
+        view = snapshot.nodes[name]
+        attributed = pods is None or not cluster or _attribution_fresh(view, now)
+        part = known.get(name)
+        if (
+            part is None
+            or part.view is not view
+            or part.keys != keys
+            or part.attributed != attributed
+            or now > part.until
+        ):
+            holders = None if pods is None else pods.holders
+            part = _node_part(spec, info, view, keys, attributed, holders, now)
+        node_parts[name] = part
+    coverage = _coverage(spec, cluster, node_parts.values())
+    parts = [p for n in node_parts.values() for p in n.parts]
+    unsupported = [d for n in node_parts.values() for d in n.unsupported]
     if not parts:
         raise NoData(_unsupported_message(spec, info.needs, unsupported))
     value = aggregate(spec.aggregation, [v for _, v in parts])
@@ -319,14 +394,32 @@ def measure(spec: TriggerSpec, snapshot: Snapshot, now: float) -> Measurement:
         value,
         tuple(parts),
         tuple(d.index for d in unsupported),
-        labels=tuple(labels),
+        labels=tuple(label for n in node_parts.values() for label in n.labels),
         unsupported_labels=tuple(_label(d) for d in unsupported),
-        fresh_until=until if pods is None else min(until, pods.fresh_until),
-        scope="" if pods is None else pods.scope,
-        readings=tuple(counts),
+        fresh_until=min(until, *(n.until for n in node_parts.values())),
+        scope="" if pods is None else pods.text,
+        readings=tuple(c for n in node_parts.values() for c in n.counts),
         coverage="" if coverage is None else coverage.describe(),
         basis=basis,
+        node_parts=MappingProxyType(node_parts),
+        pods=pods,
     )
+
+
+def _coverage(spec: TriggerSpec, cluster: bool, parts: Iterable[NodePart]) -> Coverage | None:
+    """On a node agent every selected device must be fresh; on a cluster scaler a partial
+    view is answered where the coverage rule allows it (None: nothing is missing)."""
+    parts = list(parts)
+    missing = tuple(m for p in parts for m in p.missing)
+    if not missing:
+        return None
+    if not cluster:
+        raise NoData(missing[0])
+    coverage = Coverage(sum(len(p.keys) for p in parts), missing)
+    reason = refusal(spec.aggregation, coverage, spec.min_coverage)
+    if reason is not None:
+        raise NoData(reason)
+    return coverage
 
 
 def _window(spec: TriggerSpec, history: History, now: float, who: str) -> Windowed:
@@ -337,27 +430,59 @@ def _window(spec: TriggerSpec, history: History, now: float, who: str) -> Window
 
 @dataclass(frozen=True, slots=True)
 class _PodScope:
-    devices: list[DeviceState]
-    holders: dict[DeviceKey, str]
+    """Which devices of which nodes a ``podSelector`` selects, and who holds each."""
+
+    groups: tuple[Group, ...]
+    holders: Mapping[DeviceKey, str]
     """Who holds each device, in words: ``vllm-0``, ``vllm-0, vllm-1; shared``."""
-    scope: str
-    fresh_until: float
+    text: str
     basis: Basis
+    indexes: tuple[tuple[str, object], ...]
+    """Each node's index of holders by pod it was read from: while these, the pod index
+    and the index of pods by node are the same objects, so is the scope."""
+
+    def holds(self, snapshot: Snapshot) -> bool:
+        if snapshot.pod_index is not self.basis.pod_index:
+            return False
+        if snapshot.pod_nodes is not self.basis.pod_nodes:
+            return False
+        nodes = snapshot.nodes
+        for name, by_pod in self.indexes:
+            view = nodes.get(name)
+            if view is None or view.by_pod is not by_pod:
+                return False
+        return True
 
 
-def _select_pods(spec: TriggerSpec, snapshot: Snapshot, now: float) -> _PodScope:
+def _scope_until(snapshot: Snapshot, pods: _PodScope, now: float) -> float:
+    """When the pod labels, or the attribution of a node in scope, go stale."""
+    until = attribution_fresh_until(snapshot)
+    for name, _ in pods.groups:
+        view = snapshot.nodes[name]
+        a = view.attribution
+        if name and a is not None and _attribution_fresh(view, now):
+            until = min(until, a.taken_at + stale_limit_s(a.period_s))
+    return until
+
+
+def _select_pods(
+    spec: TriggerSpec, snapshot: Snapshot, now: float, previous: _PodScope | None
+) -> _PodScope:
     """The devices held by the pods ``podSelector`` matches in ``podNamespace``, each once.
 
     Reads the pods of that namespace and, through the index of pods by node, the views of
-    the nodes they hold devices on: nothing else of the cluster. Raises :class:`NoData`
-    when attribution or pod labels are unavailable (never 0), or when a matching pod holds
-    a device ID that names no GPU NVML reports (never guessed)."""
+    the nodes they hold devices on: nothing else of the cluster; and not even that while
+    ``previous`` still holds. Raises :class:`NoData` when attribution or pod labels are
+    unavailable (never 0), or when a matching pod holds a device ID that names no GPU NVML
+    reports (never guessed)."""
     selector, namespace = spec.pod_selector, spec.pod_namespace
     assert selector is not None  # parse_trigger sets both
     assert namespace is not None
     reason = unavailable_reason(snapshot, now) or pods_unavailable_reason(snapshot, now)
     if reason is not None:
         raise NoData(reason)
+    if previous is not None and previous.holds(snapshot):
+        return previous
     index = snapshot.pod_index
     matching = sorted(
         (p.namespace, p.name)
@@ -379,17 +504,10 @@ def _select_pods(spec: TriggerSpec, snapshot: Snapshot, now: float) -> _PodScope
                 else:
                     chosen[key] = (device, view)
     basis = Basis(tuple(views.items()), pod_index=index, pod_nodes=snapshot.pod_nodes)
+    indexes = tuple((name, view.by_pod) for name, view in views.items())
     if unmatched:
         held = ", ".join(f"{h.pod} holds {h.resource} {h.device_id}" for h in unmatched)
         raise NoData(f"{held}: no GPU that NVML reports on this node has that ID (not guessed)")
-    until = min(
-        [attribution_fresh_until(snapshot)]
-        + [
-            v.attribution.taken_at + stale_limit_s(v.attribution.period_s)
-            for v in views.values()
-            if v.name and v.attribution is not None and _attribution_fresh(v, now)
-        ]
-    )
     whose = f"pods {selector} in {namespace}"
     if not chosen:
         if matching:
@@ -397,8 +515,8 @@ def _select_pods(spec: TriggerSpec, snapshot: Snapshot, now: float) -> _PodScope
             text = f"{whose} ({names}) hold no GPU on this node"
         else:
             text = f"no pod {selector} in {namespace} holds a GPU on this node"
-        return _PodScope([], {}, f"{text} (a workload with no pods uses no GPU)", until, basis)
-    devices = sorted((d for d, _ in chosen.values()), key=_by_index)
+        text += " (a workload with no pods uses no GPU)"
+        return _PodScope((), MappingProxyType({}), text, basis, indexes)
     selected = set(matching)
     holders: dict[DeviceKey, str] = {}
     for key, (_, view) in chosen.items():
@@ -414,7 +532,8 @@ def _select_pods(spec: TriggerSpec, snapshot: Snapshot, now: float) -> _PodScope
         if len(pods_on) > 1:
             text += "; shared" + (f" with {', '.join(others)}" if others else "")
         holders[key] = text
-    return _PodScope(devices, holders, f"the GPUs of {whose}", until, basis)
+    groups = _groups([d for d, _ in chosen.values()])
+    return _PodScope(groups, MappingProxyType(holders), f"the GPUs of {whose}", basis, indexes)
 
 
 def _fresh_until(device: DeviceState) -> float:

@@ -40,7 +40,9 @@ log = logging.getLogger(__name__)
 MAX_CACHED = 4096
 """Distinct metadata maps and trigger specs remembered; past it a cache starts afresh."""
 
-Measure = Callable[[TriggerSpec, Snapshot, float], Measurement]
+Measure = Callable[[TriggerSpec, Snapshot, float, Measurement | None], Measurement]
+"""``measure``'s signature: the spec, the snapshot, the time, and the spec's last
+measurement (whose unchanged nodes' parts it may reuse)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -155,7 +157,10 @@ class Decider:
     def _measure_now(self, spec: TriggerSpec, snapshot: Snapshot, now: float) -> _Measured:
         self._demand_history(spec)  # a spec that did not come through parse()
         try:
-            measured = self._measure(spec, snapshot, now)
+            last = self._measured.get(spec)
+            measured = self._measure(
+                spec, snapshot, now, None if last is None else last.measurement
+            )
         except (NoData, InvalidTrigger) as exc:
             # A failure holds for the version: stale stays stale, lost stays lost. A window
             # that is not covered becomes covered only as a stale stretch leaves it; that is
