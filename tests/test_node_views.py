@@ -260,3 +260,71 @@ async def test_a_node_that_joins_changes_every_gpu() -> None:
     hub.publish(fold(hub.current, [_update("node-d")], NOW))
     assert decider.measurement(spec, hub.current, NOW).value == 400.0
     assert len(counting.calls) == 2
+
+
+def _instance(node: str, gi: int, temperature: float) -> GpuReading:
+    uuid = f"MIG-{node}-0-{gi}"
+    return GpuReading(
+        source=f"agent/{node}",
+        key=DeviceKey(f"{node}/{uuid}"),
+        index=0,
+        uuid=uuid,
+        name="H200",
+        taken_at=NOW,
+        period_s=1.0,
+        temperature_c=temperature,
+        parent_index=0,
+        parent_uuid=f"GPU-{node}-0",
+        gpu_instance_id=gi,
+        compute_instance_id=0,
+        node=node,
+    )
+
+
+def test_mig_gpus_of_two_nodes_with_one_index_are_two_gpus() -> None:
+    # A whole-GPU reading seen through instances counts once per GPU: per GPU of a node.
+    snapshot = fold(
+        EMPTY_SNAPSHOT,
+        [
+            Batch(
+                source="agent/node-a",
+                samples=(_instance("node-a", 1, 40.0), _instance("node-a", 2, 40.0)),
+            ),
+            Batch(
+                source="agent/node-b",
+                samples=(_instance("node-b", 1, 60.0), _instance("node-b", 2, 60.0)),
+            ),
+        ],
+        NOW,
+    )
+    spec = parse_trigger({"metricType": "temperature", "aggregation": "avg"}, "serve")
+    measured = measure(spec, snapshot, NOW)
+    assert measured.labels == ("node-a GPU 0", "node-b GPU 0")
+    assert measured.value == 50.0
+
+
+def test_the_next_measurement_redoes_only_the_nodes_that_changed() -> None:
+    spec = parse_trigger({"aggregation": "sum"}, "serve")
+    before = _cluster()
+    first = measure(spec, before, NOW)
+    after = fold(before, [_update("node-b", 70.0)], NOW)
+    second = measure(spec, after, NOW, first)
+    assert second.node_parts["node-a"] is first.node_parts["node-a"]
+    assert second.node_parts["node-c"] is first.node_parts["node-c"]
+    assert second.node_parts["node-b"] is not first.node_parts["node-b"]
+    assert second.value == measure(spec, after, NOW).value == 340.0
+
+
+def test_a_pod_scope_is_kept_until_a_holder_or_a_pod_changes() -> None:
+    spec = parse_trigger({"podSelector": "app=vllm", "aggregation": "sum"}, "serve")
+    before = _cluster()
+    first = measure(spec, before, NOW)
+    kept = measure(spec, fold(before, [_update("node-a", 10.0)], NOW), NOW, first)
+    assert kept.pods is first.pods
+    assert kept.value == 60.0  # vllm-0 on node-a GPU 0 (10), vllm-1 on node-b GPU 0 (50)
+    moved = fold(
+        before, [_holders("node-c", {0: "vllm-2"}), _pods("vllm-0", "vllm-1", "vllm-2")], NOW
+    )
+    again = measure(spec, moved, NOW, first)
+    assert again.pods is not first.pods
+    assert again.value == 150.0
