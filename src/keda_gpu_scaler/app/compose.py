@@ -25,6 +25,7 @@ from keda_gpu_scaler.pipeline.agents import AgentLinks
 from keda_gpu_scaler.pipeline.aggregator import Aggregator, FoldObserver
 from keda_gpu_scaler.pipeline.engines import EngineSubscriptions
 from keda_gpu_scaler.pipeline.hub import SnapshotHub
+from keda_gpu_scaler.pipeline.podnamespaces import PodNamespaces
 from keda_gpu_scaler.pipeline.supervisor import Sampler, supervise
 from keda_gpu_scaler.pipeline.tap import Tap
 from keda_gpu_scaler.serving.decider import Decider
@@ -125,13 +126,18 @@ def build_agents_source(
 
 
 def build_cluster_pods(
-    namespaces: Sequence[str] | None = None, *, kubeconfig: str | None = None
+    namespaces: PodNamespaces | None = None, *, kubeconfig: str | None = None
 ) -> list[Sampler]:
-    """A cluster scaler's pod watch: the pods of every node (all namespaces, or these),
-    whose labels ``podSelector`` triggers match."""
+    """A cluster scaler's pod watch: the pods of every node, whose labels ``podSelector``
+    triggers match, of the namespaces ``namespaces`` says (``--pod-namespaces``: those
+    triggers name, as they come, following it; a fixed list; all), or of all namespaces
+    when None. The decider gets the same ``namespaces`` (:func:`open_scaler`)."""
     from keda_gpu_scaler.sources.kube import PodWatcher
 
-    return [PodWatcher.cluster(namespaces, kubeconfig=kubeconfig)]
+    if namespaces is not None and namespaces.on_demand:
+        return [PodWatcher.cluster(demand=namespaces, kubeconfig=kubeconfig)]
+    fixed = None if namespaces is None or namespaces.names is None else sorted(namespaces.names)
+    return [PodWatcher.cluster(fixed, kubeconfig=kubeconfig)]
 
 
 @dataclass(frozen=True, slots=True)
@@ -261,9 +267,13 @@ async def open_scaler(
     engine_options: EngineOptions | None = None,
     samplers: Sequence[Sampler] = (),
     node_name: str = "",
+    pod_namespaces: PodNamespaces | None = None,
 ) -> AsyncIterator[RunningScaler]:
     """Start the pipeline, the gRPC server (with gRPC health and NodeAgent.WatchNode, which
     names the node ``node_name``, the host name when empty) and the HTTP endpoints.
+
+    ``pod_namespaces``: on a cluster scaler, the namespaces its pod watch (one of
+    ``samplers``) covers, which podSelector triggers add to and calls wait for.
 
     ``metrics_port``/``probe_port``: None disables, 0 picks a free port, and one port may
     serve both. On exit, streams end with OK and everything stops.
@@ -286,7 +296,7 @@ async def open_scaler(
             first_sample_timeout_s=engine.first_sample_timeout_s,
         )
         await background.start(engines.run)
-        decider = Decider(hub, telemetry=metrics, engines=engines)
+        decider = Decider(hub, telemetry=metrics, engines=engines, pod_namespaces=pod_namespaces)
         streams = StreamRegistry(hub, decider)
         await background.start(streams.run)
         service = ExternalScalerService(

@@ -112,9 +112,13 @@ def unavailable_reason(snapshot: Snapshot, now: float) -> str | None:
     )
 
 
-def pods_unavailable_reason(snapshot: Snapshot, now: float) -> str | None:
-    """Why the pod labels cannot be used now, or None when they can."""
-    return _unavailable(
+def pods_unavailable_reason(
+    snapshot: Snapshot, now: float, namespace: str | None = None
+) -> str | None:
+    """Why the pod labels (of ``namespace``'s pods, when given) cannot be used now, or None
+    when they can. A namespace the pod watch does not cover has pods unknown: never read as
+    none (:func:`pods_coverage_reason`)."""
+    reason = _unavailable(
         snapshot,
         snapshot.pods,
         PODS_SOURCE,
@@ -124,6 +128,32 @@ def pods_unavailable_reason(snapshot: Snapshot, now: float) -> str | None:
         "service account list and watch pods?)",
         stale="the Kubernetes API last answered {age:.0f} s ago",
     )
+    if reason is None and namespace is not None:
+        return pods_coverage_reason(snapshot.pods, namespace)
+    return reason
+
+
+_NAMED_AT_MOST = 10
+"""Namespaces a reason lists by name; the rest are counted."""
+
+
+def pods_coverage_reason(reading: PodsReading | None, namespace: str) -> str | None:
+    """Why ``reading`` holds no pods of ``namespace``, or None when it covers it (or there
+    is no reading at all, which :func:`pods_unavailable_reason` explains)."""
+    if reading is None or reading.namespaces is None or namespace in reading.namespaces:
+        return None
+    if reading.on_demand:
+        return (
+            f"pods of namespace {namespace} are not watched yet (the cluster scaler started "
+            "watching it when a trigger first named it, and the Kubernetes API has not "
+            "listed its pods)"
+        )
+    listed = reading.namespaces
+    names = ",".join(listed[:_NAMED_AT_MOST])
+    more = len(listed) - _NAMED_AT_MOST
+    if more > 0:
+        names += f" and {more} more"
+    return f"pods of namespace {namespace} are not watched: not among --pod-namespaces {names}"
 
 
 def _unavailable(

@@ -176,7 +176,8 @@ class PodInfo(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
 
 
 class PodsReading(msgspec.Struct, frozen=True, kw_only=True, tag="pods", omit_defaults=True):
-    """The whole set of this node's pods, as of the last answer of the Kubernetes API.
+    """The whole set of this node's pods (on a cluster scaler, every node's pods of
+    ``namespaces``), as of the last answer of the Kubernetes API.
 
     ``taken_at`` is the last time the API answered (a list, a watch event or bookmark, a
     watch that opened or ended cleanly); ``period_s`` is a third of how long the set may go
@@ -187,6 +188,13 @@ class PodsReading(msgspec.Struct, frozen=True, kw_only=True, tag="pods", omit_de
     period_s: float
     node: str
     pods: tuple[PodInfo, ...] = ()
+    namespaces: tuple[str, ...] | None = None
+    """The namespaces whose pods the set holds, sorted; None: every namespace (a node
+    agent's watch of its node, a cluster scaler's of all namespaces). A namespace not
+    listed has pods unknown, not none."""
+    on_demand: bool = False
+    """With ``namespaces``: more join as triggers name them (``--pod-namespaces triggers``);
+    else the namespaces listed are all that is watched."""
 
 
 class AgentTarget(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):

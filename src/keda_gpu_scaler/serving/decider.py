@@ -12,10 +12,15 @@ often share one map. So, per server:
 - only the cooldown entry and the activity are per ScaledObject (cheap);
 - a trigger with ``windowSeconds`` tells the hub's :class:`HistoryDemand` to keep that much
   of its metric's history, as soon as its metadata is first parsed (KEDA's GetMetricSpec),
-  so the window is filling before the first value is asked for.
+  so the window is filling before the first value is asked for;
+- on a cluster scaler, a trigger with ``podSelector`` tells the pod watch's
+  :class:`~keda_gpu_scaler.pipeline.podnamespaces.PodNamespaces` to cover its namespace,
+  likewise as soon as it is first parsed.
 
 The one wait allowed on a KEDA call path is for a source's very first sample
-(:meth:`Decider.snapshot_for`).
+(:meth:`Decider.snapshot_for`); on a cluster scaler, that includes the first list of the
+pods of a namespace the pod watch started watching late. Either wait lasts at most
+``first_snapshot_timeout_s`` (2 s), once: then the call answers UNAVAILABLE, never 0.
 """
 
 from __future__ import annotations
@@ -26,6 +31,7 @@ from dataclasses import dataclass, replace
 
 import anyio
 
+from keda_gpu_scaler.domain.attribution import pods_coverage_reason
 from keda_gpu_scaler.domain.cooldown import CooldownBook
 from keda_gpu_scaler.domain.decision import Decision, Measurement, TriggerKey, judge, measure
 from keda_gpu_scaler.domain.errors import InvalidTrigger, NoData
@@ -33,6 +39,7 @@ from keda_gpu_scaler.domain.snapshot import Snapshot
 from keda_gpu_scaler.domain.trigger import TriggerSpec, parse_trigger
 from keda_gpu_scaler.pipeline.engines import EngineSubscriptions
 from keda_gpu_scaler.pipeline.hub import SnapshotHub
+from keda_gpu_scaler.pipeline.podnamespaces import PodNamespaces
 from keda_gpu_scaler.serving.telemetry import NoTelemetry, Telemetry
 
 log = logging.getLogger(__name__)
@@ -73,7 +80,11 @@ class Decider:
         engines: EngineSubscriptions | None = None,
         first_snapshot_timeout_s: float = 2.0,
         measure: Measure = measure,
+        pod_namespaces: PodNamespaces | None = None,
     ) -> None:
+        """``pod_namespaces``: on a cluster scaler, the namespaces its pod watch covers
+        (podSelector triggers add theirs); None on a node agent, which watches its node's
+        pods of every namespace."""
         self._hub = hub
         self._telemetry = telemetry or NoTelemetry()
         self._engines = engines
@@ -83,6 +94,10 @@ class Decider:
         self._specs: dict[tuple[frozenset[tuple[str, str]], str], TriggerSpec] = {}
         self._warned: set[tuple[str, str, TriggerSpec]] = set()
         self._measured: dict[TriggerSpec, _Measured] = {}
+        self._pod_namespaces = pod_namespaces
+        self._pod_waits: dict[str, float] = {}
+        """Until when a call may wait for a namespace's pods: the first-sample wait from
+        the first call that found them missing."""
 
     # -- parse ------------------------------------------------------------------------
 
@@ -96,14 +111,18 @@ class Decider:
             if len(self._specs) >= MAX_CACHED:
                 self._specs.clear()
             self._specs[items] = spec
-            self._demand_history(spec)
+            self._demand(spec)
         if spec.warnings:
             self._warn_once(spec, namespace, name)
         return spec
 
-    def _demand_history(self, spec: TriggerSpec) -> None:
+    def _demand(self, spec: TriggerSpec) -> None:
+        """Tell the producers what ``spec`` will read: its window's history, and on a
+        cluster scaler its pods' namespace."""
         if spec.window_s:
             self._hub.history.require(spec.metric_type, spec.window_s)
+        if spec.pod_namespace is not None and self._pod_namespaces is not None:
+            self._pod_namespaces.require(spec.pod_namespace)
 
     def _warn_once(self, spec: TriggerSpec, namespace: str, name: str) -> None:
         seen = (namespace, name, spec)
@@ -121,18 +140,45 @@ class Decider:
     # -- read -------------------------------------------------------------------------
 
     async def snapshot_for(self, spec: TriggerSpec) -> Snapshot:
-        """The newest snapshot; the one wait allowed is for a source's very first sample."""
+        """The newest snapshot; the one wait allowed is for a source's very first sample
+        (on a cluster scaler, that of the pods of ``spec``'s namespace too).
+
+        Raises :class:`NoData` when the pod watch does not cover ``spec``'s namespace once
+        that wait is over (its pods are unknown, never none)."""
         target = spec.engine_target
         if target is not None:
             if self._engines is None:
                 raise NoData(f"engine sampling is not enabled on this server ({target.url})")
             await self._engines.ensure(target)
             return self._hub.current
+        started = anyio.current_time()
         snapshot = self._hub.current
         if snapshot.version == 0:
             with anyio.move_on_after(self._first_snapshot_timeout_s):
                 snapshot = await self._hub.wait_newer(0)
+        namespace = spec.pod_namespace
+        if namespace is None or self._pod_namespaces is None:
+            return snapshot
+        snapshot = await self._covering(namespace, snapshot, started)
+        reason = pods_coverage_reason(snapshot.pods, namespace)
+        if reason is not None:
+            raise NoData(reason)
         return snapshot
+
+    async def _covering(self, namespace: str, snapshot: Snapshot, started: float) -> Snapshot:
+        """A snapshot whose pods cover ``namespace``, waited for while they may still come
+        (the pod watch watches it), at most until the first-sample wait from the first call
+        that found them missing; else the newest."""
+        assert self._pod_namespaces is not None
+        if _covers(snapshot, namespace) or not self._pod_namespaces.watches(namespace):
+            return snapshot
+        if len(self._pod_waits) >= MAX_CACHED:
+            self._pod_waits.clear()
+        deadline = self._pod_waits.setdefault(namespace, started + self._first_snapshot_timeout_s)
+        with anyio.CancelScope(deadline=deadline):
+            while not _covers(snapshot, namespace):
+                snapshot = await self._hub.wait_newer(snapshot.version)
+        return self._hub.current
 
     def keep_alive(self, spec: TriggerSpec) -> None:
         """A stream keeps its engine sampler running as unary calls do."""
@@ -155,7 +201,7 @@ class Decider:
         return cached.result()
 
     def _measure_now(self, spec: TriggerSpec, snapshot: Snapshot, now: float) -> _Measured:
-        self._demand_history(spec)  # a spec that did not come through parse()
+        self._demand(spec)  # a spec that did not come through parse()
         try:
             last = self._measured.get(spec)
             measured = self._measure(
@@ -196,3 +242,9 @@ class Decider:
                 },
             )
         return decision
+
+
+def _covers(snapshot: Snapshot, namespace: str) -> bool:
+    """Whether the snapshot's pods are those of ``namespace`` too."""
+    pods = snapshot.pods
+    return pods is not None and (pods.namespaces is None or namespace in pods.namespaces)

@@ -5,7 +5,9 @@ A node agent's watcher (``PodWatcher(node_name)``) lists, then watches,
 ``/api/v1/pods?fieldSelector=spec.nodeName=<node>``; a cluster scaler's
 (:meth:`PodWatcher.cluster`) the pods of every node: ``/api/v1/pods`` of all namespaces, or
 ``/api/v1/namespaces/<ns>/pods`` of each namespace given, one list and watch each, merged
-into one set. Each list and watch runs on the shared engine
+into one set, or of each namespace a demand names as it grows (``--pod-namespaces
+triggers``: the namespaces podSelector triggers name). The same code either way, with a
+different scope. Each list and watch runs on the shared engine
 (:class:`~keda_gpu_scaler.sources.kube.listwatch.ListWatch`: pages of 500,
 ``resourceVersion=0`` the first time, bookmarks, a 15 to 20 s server timeout per watch,
 resumed from the last resourceVersion seen, relisted only on 410; see its docstring)::
@@ -15,18 +17,26 @@ resumed from the last resourceVersion seen, relisted only on 410; see its docstr
     a pod that moves onto or off the node shows as ADDED or DELETED
 
 Readings (``PodsReading``: the whole set, sorted by namespace then name, each pod with its
-node; the reading's ``node`` is this node, or empty for a cluster) say when the API last
-answered: a list, any watch event, a watch that opened with 200, a watch that ended
-cleanly. ``period_s`` is 10 s, so the labels are unavailable once the API has not answered
-for 30 s (three periods); a healthy API answers at least every 20 s, when a watch ends,
-even when nothing changes. What is published is paced by
-:class:`~keda_gpu_scaler.sources.kube.store.Pacing`: every change at once, otherwise at
-most one reading per ``refresh_s`` (1 s).
+node; the reading's ``node`` is this node, or empty for a cluster, and its ``namespaces``
+those whose pods it holds, None for all) say when the API last answered: a list, any watch
+event, a watch that opened with 200, a watch that ended cleanly. ``period_s`` is 10 s, so
+the labels are unavailable once the API has not answered for 30 s (three periods); a
+healthy API answers at least every 20 s, when a watch ends, even when nothing changes.
+What is published is paced by :class:`~keda_gpu_scaler.sources.kube.store.Pacing`: every
+change at once (a namespace that joins is one), otherwise at most one reading per
+``refresh_s`` (1 s).
 
-With several namespaces, nothing is published until each one's list has answered (a set
-without a namespace's pods would look like those pods had gone), and a reading's
-``taken_at`` is the oldest of the namespaces' last answers: one namespace whose watch has
-gone silent makes the whole set stale, as the pods it would show are unknown.
+With several namespaces, nothing is published until each one given at the start has
+listed (a set without a namespace's pods would look like those pods had gone), and a
+reading's ``taken_at`` is the oldest of its namespaces' last answers: one namespace whose
+watch has gone silent makes the whole set stale, as the pods it would show are unknown.
+
+Following a demand, a namespace that joins later is watched at once, beside the others,
+and joins the readings as soon as its list answered; until then the readings go on
+without it (their ``namespaces`` do not name it, so its pods read as unknown, not as
+none), and a namespace whose list keeps failing holds nothing back. When the demand
+becomes every namespace (too many to watch one by one), one watch of all namespaces
+starts; once it has listed, it alone is published and the watches of one namespace stop.
 
 Failures (no connection, a timeout, 401/403 with the API's message, 5xx, bad JSON) are
 published as a ``SourceFault`` whose reason names the request (so the namespace) and the
@@ -43,11 +53,12 @@ from __future__ import annotations
 import logging
 import random
 import re
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
 
 import anyio
-from anyio.abc import TaskStatus
+from anyio.abc import TaskGroup, TaskStatus
 from anyio.streams.memory import MemoryObjectSendStream
 
 from keda_gpu_scaler.domain.backoff import Backoff
@@ -65,6 +76,8 @@ from keda_gpu_scaler.sources.kube.listwatch import (
     DEFAULT_PAGE_SIZE,
     DEFAULT_REQUEST_TIMEOUT_S,
     DEFAULT_WATCH_TIMEOUT_S,
+    Answered,
+    Failed,
     ListWatch,
     Resource,
 )
@@ -79,6 +92,7 @@ __all__ = [
     "DEFAULT_REQUEST_TIMEOUT_S",
     "DEFAULT_WATCH_TIMEOUT_S",
     "PERIOD_S",
+    "NamespaceDemand",
     "PodWatchStatistics",
     "PodWatcher",
 ]
@@ -91,6 +105,25 @@ log = logging.getLogger(__name__)
 
 _NODE_NAME = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
 _NAMESPACE = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")
+
+
+class NamespaceDemand(Protocol):
+    """The namespaces a cluster scaler's pod watch follows as they grow (the pipeline's
+    ``PodNamespaces``, with ``--pod-namespaces triggers``)."""
+
+    @property
+    def names(self) -> frozenset[str] | None:
+        """The namespaces to watch now; None: every namespace."""
+        ...
+
+    @property
+    def version(self) -> int:
+        """Counts the changes of :attr:`names`."""
+        ...
+
+    async def wait_changed(self, version: int) -> None:
+        """Return once :attr:`version` is past ``version``."""
+        ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -106,11 +139,28 @@ class PodWatchStatistics:
     resource_version: str | None
     """Where the watch resumes; with several namespaces, None (each has its own)."""
     last_answer_at: float | None
-    """The API's last answer; with several namespaces, the oldest of their last answers
-    (None until each answered)."""
+    """The API's last answer; with several namespaces, the oldest of the last answers of
+    those published (None until they are)."""
     failing: str | None
     """The reason of the last fault, until the API answers again (with several namespaces,
     that of the first one failing)."""
+
+
+@dataclass(frozen=True, slots=True)
+class _EngineSettings:
+    """How each list and watch is made; kept to start one per namespace as they come."""
+
+    kubeconfig: str | None
+    serviceaccount: str
+    watch_timeout_s: int
+    request_timeout_s: float
+    page_size: int
+    backoff: Backoff
+    rng: random.Random
+
+
+_EVERY_NAMESPACE = "*"
+"""The key of the watch of all namespaces (no namespace is named ``*``)."""
 
 
 class PodWatcher:
@@ -145,15 +195,17 @@ class PodWatcher:
         resource = _pods_resource("pods", ("fieldSelector", f"spec.nodeName={node_name}"))
         self._setup(
             node_name,
-            [(resource, {"node": node_name})],
-            kubeconfig=kubeconfig,
-            serviceaccount=serviceaccount,
-            watch_timeout_s=watch_timeout_s,
-            request_timeout_s=request_timeout_s,
+            [_Scope(node_name, resource, {"node": node_name})],
+            _EngineSettings(
+                kubeconfig,
+                serviceaccount,
+                watch_timeout_s,
+                request_timeout_s,
+                page_size,
+                backoff,
+                rng or random.Random(),
+            ),
             refresh_s=refresh_s,
-            page_size=page_size,
-            backoff=backoff,
-            rng=rng,
         )
 
     @classmethod
@@ -161,6 +213,7 @@ class PodWatcher:
         cls,
         namespaces: Sequence[str] | None = None,
         *,
+        demand: NamespaceDemand | None = None,
         kubeconfig: str | None = None,
         serviceaccount: str = SERVICE_ACCOUNT,
         watch_timeout_s: int = DEFAULT_WATCH_TIMEOUT_S,
@@ -171,78 +224,91 @@ class PodWatcher:
         rng: random.Random | None = None,
     ) -> PodWatcher:
         """The pods of every node: of all namespaces (``namespaces`` None, one list and
-        watch of ``/api/v1/pods``), or of the namespaces given (one list and watch of
-        ``/api/v1/namespaces/<ns>/pods`` each, merged). Readings have ``node`` empty."""
-        if namespaces is None:
-            scopes = [(_pods_resource("pods", None), {"namespace": "*"})]
+        watch of ``/api/v1/pods``), of the namespaces given (one list and watch of
+        ``/api/v1/namespaces/<ns>/pods`` each, merged), or of those ``demand`` names, as
+        it grows (``namespaces`` then None). Readings have ``node`` empty."""
+        if demand is not None and namespaces is not None:
+            raise ValueError("the pod watch follows namespaces given or a demand, not both")
+        listed = None if namespaces is None else _namespaces(namespaces)
+        if demand is not None:
+            names = demand.names
         else:
-            scopes = [
-                (_pods_resource(f"namespaces/{ns}/pods", None), {"namespace": ns})
-                for ns in _namespaces(namespaces)
-            ]
+            names = None if listed is None else frozenset(listed)
         watcher = cls.__new__(cls)
         watcher._setup(
             "",
-            scopes,
-            kubeconfig=kubeconfig,
-            serviceaccount=serviceaccount,
-            watch_timeout_s=watch_timeout_s,
-            request_timeout_s=request_timeout_s,
+            _scopes_for(names, watched=()),
+            _EngineSettings(
+                kubeconfig,
+                serviceaccount,
+                watch_timeout_s,
+                request_timeout_s,
+                page_size,
+                backoff,
+                rng or random.Random(),
+            ),
             refresh_s=refresh_s,
-            page_size=page_size,
-            backoff=backoff,
-            rng=rng,
+            demand=demand,
+            listed=listed,
         )
         return watcher
 
     def _setup(
         self,
         node_name: str,
-        scopes: Sequence[tuple[Resource[PodInfo], dict[str, str]]],
+        scopes: Sequence[_Scope],
+        settings: _EngineSettings,
         *,
-        kubeconfig: str | None,
-        serviceaccount: str,
-        watch_timeout_s: int,
-        request_timeout_s: float,
         refresh_s: float,
-        page_size: int,
-        backoff: Backoff,
-        rng: random.Random | None,
+        demand: NamespaceDemand | None = None,
+        listed: Sequence[str] | None = None,
     ) -> None:
         self.node_name = node_name
         """This node's; empty for a cluster."""
-        rng = rng or random.Random()
-        self._engines: list[ListWatch[PodInfo]] = []
-        for resource, fields in scopes:
-            held: list[ListWatch[PodInfo]] = []
-
-            def log_fields(
-                fields: dict[str, str] = fields, held: list[ListWatch[PodInfo]] = held
-            ) -> dict[str, object]:
-                # This watch's node or namespace, and how many pods it holds.
-                return {**fields, "pods": len(held[0].store)}
-
-            engine: ListWatch[PodInfo] = ListWatch(
-                resource,
-                source=self.name,
-                log=log,
-                log_fields=log_fields,
-                kubeconfig=kubeconfig,
-                serviceaccount=serviceaccount,
-                watch_timeout_s=watch_timeout_s,
-                request_timeout_s=request_timeout_s,
-                page_size=page_size,
-                backoff=backoff,
-                rng=rng,
-            )
-            held.append(engine)
-            self._engines.append(engine)
+        self._settings = settings
+        self._demand = demand
+        self._listed_namespaces = None if listed is None else tuple(listed)
+        """A fixed set of namespaces, as its readings name them."""
+        self._engines: dict[str, ListWatch[PodInfo]] = {}
+        """By the node, the namespace, or ``*`` for every namespace, they watch."""
+        for scope in scopes:
+            self._add(scope)
+        self._initial = frozenset(self._engines)
+        """The watches each of which must have listed before anything is published."""
+        self._published: tuple[str, ...] | None = None
+        """The namespaces of the last reading (with a demand)."""
+        self._scopes: dict[str, anyio.CancelScope] = {}
+        """The running watch of each engine (while :meth:`run` runs)."""
         self._pacing = Pacing(refresh_s)
         self._readings = 0
 
+    def _add(self, scope: _Scope) -> None:
+        settings = self._settings
+        held: list[ListWatch[PodInfo]] = []
+
+        def log_fields() -> dict[str, object]:
+            # This watch's node or namespace, and how many pods it holds.
+            return {**scope.fields, "pods": len(held[0].store)}
+
+        engine: ListWatch[PodInfo] = ListWatch(
+            scope.resource,
+            source=self.name,
+            log=log,
+            log_fields=log_fields,
+            kubeconfig=settings.kubeconfig,
+            serviceaccount=settings.serviceaccount,
+            watch_timeout_s=settings.watch_timeout_s,
+            request_timeout_s=settings.request_timeout_s,
+            page_size=settings.page_size,
+            backoff=settings.backoff,
+            rng=settings.rng,
+        )
+        held.append(engine)
+        self._engines[scope.key] = engine
+
     def statistics(self) -> PodWatchStatistics:
-        engines = [engine.statistics() for engine in self._engines]
-        answers = [e.last_answer_at for e in engines]
+        engines = [engine.statistics() for engine in self._engines.values()]
+        published = self._publishable()
         failing = [e.failing for e in engines if e.failing is not None]
         return PodWatchStatistics(
             lists=sum(e.lists for e in engines),
@@ -252,7 +318,7 @@ class PodWatcher:
             faults=sum(e.faults for e in engines),
             pods=sum(e.objects for e in engines),
             resource_version=engines[0].resource_version if len(engines) == 1 else None,
-            last_answer_at=None if None in answers else min(a for a in answers if a is not None),
+            last_answer_at=None if not published else _oldest_answer(published.values()),
             failing=failing[0] if failing else None,
         )
 
@@ -272,47 +338,149 @@ class PodWatcher:
                 self._pacing.faulted()
                 await send.send(SourceFault(source=self.name, key=None, at=now, reason=reason))
 
-            if len(self._engines) == 1:
-                await self._engines[0].run(answered=answered, failed=failed)
+            if self._demand is None and len(self._engines) == 1:
+                (engine,) = self._engines.values()
+                await engine.run(answered=answered, failed=failed)
                 return
             # One namespace without a configuration stops them all, raised as it is (not in
             # an exception group), as the supervisor expects.
-            unavailable: list[SourceUnavailable] = []
             async with anyio.create_task_group() as tg:
+                running = _Running(tg, answered, failed)
+                for key in self._engines:
+                    self._start(running, key)
+                if self._demand is not None:
+                    tg.start_soon(self._follow_demand, running, self._demand)
+            if running.unavailable:
+                raise running.unavailable[0]
 
-                async def watch(engine: ListWatch[PodInfo]) -> None:
-                    try:
-                        await engine.run(answered=answered, failed=failed)
-                    except SourceUnavailable as exc:
-                        unavailable.append(exc)
-                        tg.cancel_scope.cancel()
+    def _start(self, running: _Running, key: str) -> None:
+        """Run the watch of ``key`` in its own cancel scope (stopped when the watch of
+        every namespace replaces it)."""
+        engine = self._engines[key]
+        scope = self._scopes[key] = anyio.CancelScope()
 
-                for engine in self._engines:
-                    tg.start_soon(watch, engine)
-            if unavailable:
-                raise unavailable[0]
+        async def watch() -> None:
+            with scope:
+                try:
+                    await engine.run(answered=running.answered, failed=running.failed)
+                except SourceUnavailable as exc:
+                    running.unavailable.append(exc)
+                    running.tg.cancel_scope.cancel()
+
+        running.tg.start_soon(watch)
+
+    async def _follow_demand(self, running: _Running, demand: NamespaceDemand) -> None:
+        """Start a watch for each namespace as the demand names it."""
+        while True:
+            version = demand.version
+            for scope in _scopes_for(demand.names, watched=self._engines.keys()):
+                self._add(scope)
+                self._start(running, scope.key)
+                log.info(
+                    "pod watch starts",
+                    extra={**scope.fields, "source": self.name, "watches": len(self._engines)},
+                )
+            await demand.wait_changed(version)
+
+    def _publishable(self) -> dict[str, ListWatch[PodInfo]]:
+        """The watches whose pods the next reading holds: those that have listed, once
+        each of the first ones has (none before: their pods would be missing from the
+        set); the watch of every namespace alone once it has listed."""
+        engines = self._engines
+        if any(engines[key].last_answer_at is None for key in self._initial):
+            return {}
+        every = engines.get(_EVERY_NAMESPACE)
+        if every is not None and every.last_answer_at is not None:
+            return {_EVERY_NAMESPACE: every}
+        return {k: e for k, e in engines.items() if e.last_answer_at is not None}
+
+    def _retire_namespaces(self) -> None:
+        """The watch of every namespace has listed: the watches of one namespace stop."""
+        for key in [k for k in self._engines if k != _EVERY_NAMESPACE]:
+            del self._engines[key]
+            scope = self._scopes.pop(key, None)
+            if scope is not None:
+                scope.cancel()
+        self._initial = frozenset(self._engines)
+        log.info("pod watch covers every namespace", extra={"source": self.name})
 
     async def _answered(
         self, send: MemoryObjectSendStream[Sample], *, changed: bool, now: float
     ) -> None:
-        answers = [engine.last_answer_at for engine in self._engines]
-        if None in answers:
+        engines = self._publishable()
+        if not engines:
             return  # a namespace not listed yet: its pods would be missing from the set
+        if _EVERY_NAMESPACE in engines and len(self._engines) > 1:
+            self._retire_namespaces()
+        namespaces = self._namespaces_of(engines)
+        if self._demand is not None and namespaces != self._published:
+            changed = True  # a namespace joined: its readers need not wait the refresh
         if not self._pacing.is_due(changed=changed, now=now):
             return
         self._pacing.published(now)
         self._readings += 1
+        self._published = namespaces
         pods = sorted(
-            (pod for engine in self._engines for pod in engine.store.items()), key=pod_key
+            (pod for engine in engines.values() for pod in engine.store.items()), key=pod_key
         )
         reading = PodsReading(
             source=self.name,
-            taken_at=min(a for a in answers if a is not None),
+            taken_at=_oldest_answer(engines.values()),
             period_s=PERIOD_S,
             node=self.node_name,
             pods=tuple(pods),
+            namespaces=namespaces,
+            on_demand=self._demand is not None,
         )
         await send.send(reading)
+
+    def _namespaces_of(self, engines: dict[str, ListWatch[PodInfo]]) -> tuple[str, ...] | None:
+        """What a reading of ``engines`` says it covers: None for a node or every
+        namespace, else their namespaces."""
+        if self._demand is None:
+            return self._listed_namespaces
+        if _EVERY_NAMESPACE in engines:
+            return None
+        return tuple(sorted(engines))
+
+
+@dataclass(frozen=True, slots=True)
+class _Running:
+    """One run of a watcher of several watches: its task group and its callbacks."""
+
+    tg: TaskGroup
+    answered: Answered
+    failed: Failed
+    unavailable: list[SourceUnavailable] = field(default_factory=list)
+
+
+@dataclass(frozen=True, slots=True)
+class _Scope:
+    """One list and watch of a watcher: its key, collection, and fields for the logs."""
+
+    key: str
+    resource: Resource[PodInfo]
+    fields: dict[str, str]
+
+
+def _scopes_for(names: frozenset[str] | None, *, watched: Iterable[str]) -> list[_Scope]:
+    """The watches ``names`` needs beyond those ``watched``: one per namespace, sorted, or
+    the one of every namespace for None (the one-namespace watches it replaces stop once
+    it has listed)."""
+    have = set(watched)
+    if names is None:
+        if _EVERY_NAMESPACE in have:
+            return []
+        return [_Scope(_EVERY_NAMESPACE, _pods_resource("pods", None), {"namespace": "*"})]
+    return [
+        _Scope(ns, _pods_resource(f"namespaces/{ns}/pods", None), {"namespace": ns})
+        for ns in sorted(names - have)
+        if _is_namespace(ns)  # a demand's other names name no pods (and no path)
+    ]
+
+
+def _oldest_answer(engines: Iterable[ListWatch[PodInfo]]) -> float:
+    return min(e.last_answer_at for e in engines if e.last_answer_at is not None)
 
 
 def _pods_resource(path: str, selector: tuple[str, str] | None) -> Resource[PodInfo]:
@@ -336,6 +504,10 @@ def _namespaces(namespaces: Sequence[str]) -> list[str]:
     if not names:
         raise ValueError("the pod watch needs at least one namespace (or None for all of them)")
     for ns in names:
-        if not isinstance(ns, str) or len(ns) > 63 or not _NAMESPACE.fullmatch(ns):
+        if not isinstance(ns, str) or not _is_namespace(ns):
             raise ValueError(f"namespace {ns!r} is not a Kubernetes namespace name")
     return sorted(set(names))
+
+
+def _is_namespace(name: str) -> bool:
+    return len(name) <= 63 and _NAMESPACE.fullmatch(name) is not None
