@@ -45,6 +45,7 @@ SERVE_FLAGS = {
         "agents.gpu.svc",
     ),
     "--agents": ("AGENTS", "static:127.0.0.1:6000", "agents", "static:127.0.0.1:6000"),
+    "--pod-namespaces": ("POD_NAMESPACES", "serve, ml", "pod_namespaces", "ml,serve"),
 }
 
 

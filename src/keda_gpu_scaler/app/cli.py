@@ -27,6 +27,7 @@ try:
     from keda_gpu_scaler.app.logs import LEVELS, configure_logging
 
     if TYPE_CHECKING:
+        from keda_gpu_scaler.pipeline.podnamespaces import PodNamespaces
         from keda_gpu_scaler.pipeline.supervisor import Sampler
         from keda_gpu_scaler.serving.tls import ReloadingTlsContext
 except KeyboardInterrupt:  # Ctrl-C while the command loads: quiet, like Ctrl-C later
@@ -87,6 +88,17 @@ def _agents(text: str) -> str:
     except ValueError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
     return text
+
+
+def _pod_namespaces(text: str) -> str:
+    """``triggers``, ``all`` or namespaces separated by commas, checked (the watch is built
+    from it once the cluster scaler starts)."""
+    from keda_gpu_scaler.pipeline.podnamespaces import PodNamespaces
+
+    try:
+        return str(PodNamespaces.parse(text))
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def _node_name(text: str) -> str:
@@ -299,6 +311,15 @@ SERVE_FLAGS = (
         _agents,
     ),
     Flag(
+        "--pod-namespaces",
+        "POD_NAMESPACES",
+        "triggers",
+        "with --source agents (a cluster scaler): the namespaces whose pods podSelector "
+        "reads: triggers (each one a trigger names, watched from the first call naming it), "
+        "all (one watch of every namespace), or a comma-separated list (those only)",
+        _pod_namespaces,
+    ),
+    Flag(
         "--agents-tls-ca",
         "AGENTS_TLS_CA",
         "",
@@ -431,10 +452,14 @@ def _listeners(args: argparse.Namespace) -> list[tuple[str, int]]:
     return [grpc, *http]
 
 
-def _cluster_sources(args: argparse.Namespace) -> tuple[Sampler, list[Sampler]]:
-    """A cluster scaler: links to the node agents, and the pods of every node."""
+def _cluster_sources(
+    args: argparse.Namespace,
+) -> tuple[Sampler, list[Sampler], PodNamespaces]:
+    """A cluster scaler: links to the node agents, and the pods of every node, of the
+    namespaces ``--pod-namespaces`` says (which the decider is given too)."""
     from keda_gpu_scaler.app.compose import build_agents_source, build_cluster_pods
     from keda_gpu_scaler.domain.errors import SourceUnavailable
+    from keda_gpu_scaler.pipeline.podnamespaces import PodNamespaces
     from keda_gpu_scaler.sources.agents import AgentTlsConfig
 
     if not args.agents:
@@ -455,7 +480,9 @@ def _cluster_sources(args: argparse.Namespace) -> tuple[Sampler, list[Sampler]]:
             args.agents_tls_key,
             args.agents_tls_server_name,
         )
-    return build_agents_source(args.agents, tls=tls), build_cluster_pods()
+    namespaces = PodNamespaces.parse(args.pod_namespaces)
+    source = build_agents_source(args.agents, tls=tls)
+    return source, build_cluster_pods(namespaces), namespaces
 
 
 async def _serve(args: argparse.Namespace) -> int:
@@ -471,8 +498,9 @@ async def _serve(args: argparse.Namespace) -> int:
     )
     from keda_gpu_scaler.sources.engines.http import ScrapePolicy
 
+    pod_namespaces = None
     if args.source == "agents":
-        source, attribution = _cluster_sources(args)
+        source, attribution, pod_namespaces = _cluster_sources(args)
     else:
         source = build_source(args.source, interval_s=args.interval)
         attribution = build_attribution(
@@ -491,6 +519,7 @@ async def _serve(args: argparse.Namespace) -> int:
                 source,
                 samplers=attribution,
                 node_name=args.node_name,
+                pod_namespaces=pod_namespaces,
                 host=args.host,
                 port=args.port,
                 max_concurrent_streams=args.max_concurrent_streams,
