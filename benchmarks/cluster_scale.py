@@ -14,8 +14,8 @@ readings' ages are up to 50 ms off; the scaler dates them on its own clock anywa
 
 Attribution: the first 64 agents (all of them when fewer) hold their 8 GPUs in one pod each,
 ``bench/work-<i>``, labelled ``app=bench-work``; a minimal Kubernetes API in this process
-(list and watch of ``/api/v1/pods``, enough for the cluster pod watch) serves those pods,
-reached through a kubeconfig in a temporary directory.
+(list and watch of the pods of all namespaces or of one, enough for the cluster pod watch)
+serves those pods, reached through a kubeconfig in a temporary directory.
 
 Per agent count, printed side by side and written as JSON:
 
@@ -256,7 +256,8 @@ async def _loadgen(count: int) -> None:
 
 
 class KubeApi:
-    """``GET /api/v1/pods`` (list, and watch held open until ``timeoutSeconds``) and the
+    """``GET /api/v1/pods`` and ``/api/v1/namespaces/<ns>/pods`` (list, and watch held open
+    until ``timeoutSeconds``) and the
     discovery documents a client asks for, over HTTP/1.1 on loopback, in a thread."""
 
     def __init__(self, pods: Sequence[dict[str, Any]]) -> None:
@@ -293,9 +294,11 @@ class KubeApi:
             }
         if path == "/apis":
             return {"kind": "APIGroupList", "apiVersion": "v1", "groups": []}
-        if path == "/api/v1/pods":
+        namespace = _pods_namespace(path)
+        if namespace is not None:
+            items = [p for p in self.pods if namespace in ("*", p["metadata"]["namespace"])]
             metadata = {"resourceVersion": "1"}
-            return {"kind": "PodList", "apiVersion": "v1", "metadata": metadata, "items": self.pods}
+            return {"kind": "PodList", "apiVersion": "v1", "metadata": metadata, "items": items}
         return None
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
@@ -308,7 +311,7 @@ class KubeApi:
                 url = urlsplit(target)
                 query = parse_qs(url.query)
                 path = url.path.rstrip("/") or "/"
-                if path == "/api/v1/pods" and query.get("watch") == ["true"]:
+                if _pods_namespace(path) is not None and query.get("watch") == ["true"]:
                     timeout = float(query.get("timeoutSeconds", ["300"])[0])
                     writer.write(
                         b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
@@ -331,6 +334,17 @@ class KubeApi:
             pass
         finally:
             writer.close()
+
+
+def _pods_namespace(path: str) -> str | None:
+    """``*`` for ``/api/v1/pods``, the namespace of ``/api/v1/namespaces/<ns>/pods``, else
+    None."""
+    if path == "/api/v1/pods":
+        return "*"
+    parts = path.split("/")
+    if len(parts) == 6 and parts[1:4] == ["api", "v1", "namespaces"] and parts[5] == "pods":
+        return parts[4]
+    return None
 
 
 def _pods(count: int) -> list[dict[str, Any]]:
