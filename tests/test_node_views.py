@@ -4,6 +4,7 @@ a newer snapshot changed is kept for it."""
 
 from __future__ import annotations
 
+import msgspec
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -328,3 +329,13 @@ def test_a_pod_scope_is_kept_until_a_holder_or_a_pod_changes() -> None:
     again = measure(spec, moved, NOW, first)
     assert again.pods is not first.pods
     assert again.value == 150.0
+
+
+def test_a_namespace_the_pod_watch_does_not_cover_is_unavailable_never_zero() -> None:
+    from keda_gpu_scaler.domain.errors import NoData
+
+    covering = msgspec.structs.replace(_pods("vllm-0"), namespaces=("other",), on_demand=True)
+    snapshot = fold(_cluster(), [covering], NOW)
+    spec = parse_trigger({"podSelector": "app=vllm"}, "serve")
+    with pytest.raises(NoData, match="pods of namespace serve are not watched yet"):
+        measure(spec, snapshot, NOW)

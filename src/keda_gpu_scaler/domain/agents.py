@@ -27,10 +27,74 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 
-from keda_gpu_scaler.domain.samples import AgentTarget
+from keda_gpu_scaler.domain.samples import POD_RESOURCES_SOURCE, AgentTarget
 
 FORGET_AFTER_S = 300.0
 """How long a node only the links knew stays missing after its agent was last heard."""
+_READINGS_PREFIX = "agent/"
+
+
+def readings_source(node: str) -> str:
+    """The source of a node agent's readings and faults on a cluster scaler."""
+    return f"{_READINGS_PREFIX}{node}"
+
+
+def attribution_source(node: str) -> str:
+    """The source of a node agent's kubelet attribution on a cluster scaler."""
+    return f"{_READINGS_PREFIX}{node}/{POD_RESOURCES_SOURCE}"
+
+
+def node_of_source(source: str) -> str | None:
+    """The node of :func:`readings_source` or :func:`attribution_source`; None for another
+    source."""
+    if not source.startswith(_READINGS_PREFIX):
+        return None
+    node = source.removeprefix(_READINGS_PREFIX).removesuffix(f"/{POD_RESOURCES_SOURCE}")
+    return node or None
+
+
+@dataclass(frozen=True, slots=True)
+class Claim:
+    """The link that speaks for a node: the one whose stream began last."""
+
+    owner: str
+    """The link's agent address."""
+    since: float
+    """When its current stream first published for the node."""
+
+
+@dataclass(slots=True)
+class NodeClaims:
+    """Which link speaks for each node when two claim one node name (an agent's old and
+    new pod during a rollout, one agent under two addresses, two nodes with one name).
+
+    The newer stream wins: an update of a link whose stream began after the holder's takes
+    the node; one whose stream began before it is dropped. A link whose stream breaks lets
+    go of its nodes. Pure: the caller passes the time and logs what :meth:`publish` says."""
+
+    claims: dict[str, Claim] = field(default_factory=dict)
+
+    def publish(self, node: str, owner: str, stream_since: float) -> tuple[bool, Claim | None]:
+        """Whether ``owner``'s update for ``node`` counts, and the claim it took over from
+        another link (None when it held the node already, or nobody did)."""
+        held = self.claims.get(node)
+        if held is not None and held.owner == owner:
+            return True, None
+        if held is not None and held.since > stream_since:
+            return False, None
+        self.claims[node] = Claim(owner, stream_since)
+        return True, held
+
+    def release(self, owner: str) -> list[str]:
+        """``owner``'s stream broke or its link stopped: the nodes it held, let go."""
+        nodes = [node for node, claim in self.claims.items() if claim.owner == owner]
+        for node in nodes:
+            del self.claims[node]
+        return nodes
+
+    def holder(self, node: str) -> str | None:
+        claim = self.claims.get(node)
+        return None if claim is None else claim.owner
 
 
 @dataclass(frozen=True, slots=True)

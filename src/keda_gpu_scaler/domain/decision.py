@@ -478,7 +478,7 @@ def _select_pods(
     selector, namespace = spec.pod_selector, spec.pod_namespace
     assert selector is not None  # parse_trigger sets both
     assert namespace is not None
-    reason = unavailable_reason(snapshot, now) or pods_unavailable_reason(snapshot, now)
+    reason = unavailable_reason(snapshot, now) or pods_unavailable_reason(snapshot, now, namespace)
     if reason is not None:
         raise NoData(reason)
     if previous is not None and previous.holds(snapshot):

@@ -2,27 +2,68 @@
 
 Discovery publishes the whole set of agents it sees (:class:`AgentsReading`) on its own
 channel; this actor keeps one supervised link sampler per *ready* agent address, started
-when the address appears and stopped when it leaves, and then makes the aggregator forget
-what that link published (:class:`SourceStopped`). Not-ready agents are kept for the tap and
-``/metrics`` (:attr:`AgentLinks.discovered`), never linked. Links are built by a factory the
-composition root injects, so the pipeline never imports a source.
+when the address appears and stopped when it leaves. Not-ready agents are kept for the tap
+and ``/metrics`` (:attr:`AgentLinks.discovered`), never linked. Links are built by a factory
+the composition root injects, so the pipeline never imports a source.
+
+Every link's samples pass through here on their way to the aggregator, which is where two
+rules of a cluster's view are kept:
+
+- **one link per node**: when two links publish for one node name, the newer stream wins
+  (:class:`~keda_gpu_scaler.domain.agents.NodeClaims`), with a log line; the older one's
+  updates are dropped until the newer one's stream breaks;
+- **missing, then forgotten**: a node whose agent is not heard stays missing (its readings
+  go stale, and coverage counts them) for as long as discovery lists an agent on it, or for
+  five minutes after it was last heard when discovery never named it (DNS, static); then
+  it is forgotten (:class:`SourceStopped` of its source), so a partial view does not stay
+  partial forever (:class:`~keda_gpu_scaler.domain.agents.AgentRoster`).
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import anyio
 from anyio.abc import TaskGroup, TaskStatus
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
-from keda_gpu_scaler.domain.samples import AgentsReading, AgentTarget, Sample, SourceStopped
+from keda_gpu_scaler.domain.agents import (
+    AgentRoster,
+    NodeClaims,
+    node_of_source,
+    readings_source,
+)
+from keda_gpu_scaler.domain.samples import (
+    AgentsReading,
+    AgentTarget,
+    Batch,
+    PodResourcesReading,
+    Sample,
+    SourceFault,
+    SourceStopped,
+)
 from keda_gpu_scaler.pipeline.supervisor import Backoff, Sampler, supervise
 
 log = logging.getLogger(__name__)
 
 AgentLinkFactory = Callable[[AgentTarget], Sampler]
+ROSTER_SWEEP_S = 10.0
+"""How often the roster is looked at for nodes to forget, besides every discovery change
+and every stream that starts or breaks."""
+_LINK_BUFFER = 16
+
+
+@dataclass(slots=True)
+class _Linked:
+    target: AgentTarget
+    link: Sampler
+    scope: anyio.CancelScope
+    stream_since: float | None = None
+    """When the link's current stream first published; None while it has none."""
+    dropped: bool = False
+    """Its updates are dropped (another link holds its node): logged once."""
 
 
 class AgentLinks:
@@ -33,23 +74,29 @@ class AgentLinks:
         factory: AgentLinkFactory,
         *,
         backoff: Backoff | None = None,
+        sweep_s: float = ROSTER_SWEEP_S,
     ) -> None:
         self._targets = targets
         self._send = send
         self._factory = factory
         self._backoff = backoff or Backoff()
+        self._sweep_s = sweep_s
         self._tg: TaskGroup | None = None
-        self._links: dict[str, tuple[AgentTarget, Sampler, anyio.CancelScope]] = {}
+        self._links: dict[str, _Linked] = {}
+        self._claims = NodeClaims()
+        self.roster = AgentRoster()
+        """Which nodes are heard, missing, and (by leaving it) forgotten."""
         self.discovered: AgentsReading | None = None
         """The newest set discovery published (ready and not-ready), for visibility."""
 
     def linked(self) -> list[AgentTarget]:
         """The agents linked now, by address."""
-        return [target for _, (target, _, _) in sorted(self._links.items())]
+        return [linked.target for _, linked in sorted(self._links.items())]
 
     async def run(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
         async with self._targets, self._send, anyio.create_task_group() as tg:
             self._tg = tg
+            tg.start_soon(self._sweep)
             task_status.started()
             async for reading in self._targets:
                 await self._apply(reading)
@@ -57,28 +104,113 @@ class AgentLinks:
     async def _apply(self, reading: AgentsReading) -> None:
         self.discovered = reading
         ready = {t.address: t for t in reading.targets if t.ready}
+        stopped: list[_Linked] = []
         for address in [a for a in self._links if a not in ready]:
-            target, link, scope = self._links.pop(address)
-            scope.cancel()
-            log.info("agent link stopped", extra={"agent": address, "node": target.node})
-            await self._send.send(SourceStopped(source=link.name))
+            stopped.append(self._links.pop(address))
+            log.info("agent link stopped", extra={"agent": address})
         for address, target in ready.items():
-            linked = self._links.get(address)
-            if linked is not None and linked[0] == target:
+            current = self._links.get(address)
+            if current is not None and current.target == target:
                 continue
-            if linked is not None:  # same address, another pod or node: a new agent
-                linked[2].cancel()
-                await self._send.send(SourceStopped(source=linked[1].name))
+            if current is not None:  # same address, another pod or node: a new agent
+                stopped.append(current)
             self._start(target)
+        for linked in stopped:
+            linked.scope.cancel()
+            self._claims.release(linked.target.address)
+        await self._update_roster()
+        running = {linked.link.name for linked in self._links.values()}
+        for linked in stopped:
+            # A link that never named a node (no stream yet) leaves its own source's faults.
+            name = linked.link.name
+            if node_of_source(name) not in self.roster.nodes and name not in running:
+                await self._send.send(SourceStopped(source=name))
 
     def _start(self, target: AgentTarget) -> None:
         assert self._tg is not None  # run() started
-        scope = anyio.CancelScope()
-        link = self._factory(target)
-        self._links[target.address] = (target, link, scope)
+        linked = _Linked(target, self._factory(target), anyio.CancelScope())
+        self._links[target.address] = linked
         log.info("agent link started", extra={"agent": target.address, "node": target.node})
-        self._tg.start_soon(self._supervised, link, scope)
+        self._tg.start_soon(self._supervised, linked)
 
-    async def _supervised(self, link: Sampler, scope: anyio.CancelScope) -> None:
-        with scope:
-            await supervise(link.name, link.run, send=self._send.clone(), backoff=self._backoff)
+    async def _supervised(self, linked: _Linked) -> None:
+        send, receive = anyio.create_memory_object_stream[Sample](_LINK_BUFFER)
+        with linked.scope:
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(self._forward, linked, receive)
+                await supervise(linked.link.name, linked.link.run, send=send, backoff=self._backoff)
+
+    async def _forward(self, linked: _Linked, receive: MemoryObjectReceiveStream[Sample]) -> None:
+        """Pass a link's samples on, but not those for a node a newer stream holds."""
+        address = linked.target.address
+        async with receive:
+            async for sample in receive:
+                if self._links.get(address) is not linked:
+                    continue  # stopped: a late sample of a link being cancelled
+                if isinstance(sample, SourceFault) and sample.key is None:
+                    await self._broke(linked, sample)
+                    continue
+                node = _node_of(sample)
+                if node is not None and not await self._speaks(linked, node):
+                    continue
+                await self._send.send(sample)
+
+    async def _speaks(self, linked: _Linked, node: str) -> bool:
+        """Whether ``linked`` speaks for ``node`` now (see :class:`NodeClaims`)."""
+        address = linked.target.address
+        if linked.stream_since is None:
+            linked.stream_since = anyio.current_time()
+        counts, took_from = self._claims.publish(node, address, linked.stream_since)
+        if not counts:
+            if not linked.dropped:
+                log.warning(
+                    "two agents claim one node: the newer stream wins, this one is dropped",
+                    extra={"node": node, "agent": address, "newer": self._claims.holder(node)},
+                )
+                linked.dropped = True
+            return False
+        if linked.dropped or took_from is not None:
+            if took_from is not None:
+                log.warning(
+                    "two agents claim one node: the newer stream wins",
+                    extra={"node": node, "agent": address, "older": took_from.owner},
+                )
+            linked.dropped = False
+        if node not in self.roster.nodes or not self.roster.nodes[node].heard:
+            await self._update_roster()
+        return True
+
+    async def _broke(self, linked: _Linked, fault: SourceFault) -> None:
+        """A link's stream broke: it lets go of its node (so the fault is the node's only if
+        it spoke for it), and the roster hears it no more."""
+        address = linked.target.address
+        released = self._claims.release(address)
+        linked.stream_since = None
+        node = node_of_source(fault.source)
+        if released or node is None or self._claims.holder(node) is None:
+            await self._send.send(fault)
+        if released:
+            await self._update_roster(heard_also=released)
+            await self._update_roster()
+
+    async def _sweep(self) -> None:
+        while True:
+            await anyio.sleep(self._sweep_s)
+            await self._update_roster()
+
+    async def _update_roster(self, *, heard_also: list[str] | None = None) -> None:
+        """The roster now; each node it forgets loses its view (a SourceStopped)."""
+        heard = set(self._claims.claims) | set(heard_also or ())
+        targets = () if self.discovered is None else self.discovered.targets
+        before = self.roster
+        self.roster = before.update(targets=targets, heard=heard, now=anyio.current_time())
+        for node in before.nodes.keys() - self.roster.nodes.keys():
+            log.info("node forgotten: its agent is gone", extra={"node": node})
+            await self._send.send(SourceStopped(source=readings_source(node)))
+
+
+def _node_of(sample: Sample) -> str | None:
+    """The node a link's sample speaks for (None: a sample of no node, passed on)."""
+    if isinstance(sample, Batch | PodResourcesReading):
+        return node_of_source(sample.source)
+    return None

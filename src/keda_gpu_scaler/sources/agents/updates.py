@@ -26,6 +26,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
 
+from keda_gpu_scaler.domain.agents import attribution_source, readings_source
 from keda_gpu_scaler.domain.errors import SourceFailure
 from keda_gpu_scaler.domain.samples import (
     FLOAT_READINGS,
@@ -147,14 +148,6 @@ class UpdateMessage(Protocol):
 
 class BadUpdate(SourceFailure):
     """The agent sent something this link cannot use; the message says what."""
-
-
-def readings_source(node: str) -> str:
-    return f"agent/{node}"
-
-
-def attribution_source(node: str) -> str:
-    return f"agent/{node}/{POD_RESOURCES_SOURCE}"
 
 
 @dataclass(slots=True)
