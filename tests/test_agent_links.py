@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import anyio
 import pytest
 import trio.testing
@@ -26,9 +28,10 @@ RUNS: dict[str, int] = {}
 class _Link:
     """Publishes one fault naming its agent, then waits; counts its runs."""
 
-    def __init__(self, target: AgentTarget) -> None:
+    def __init__(self, target: AgentTarget, gate: Callable[[Sample], bool]) -> None:
         self.target = target
         self.name = f"agent/{target.address}"
+        self.gate = gate
 
     async def run(
         self,
@@ -39,9 +42,9 @@ class _Link:
         RUNS[self.target.address] = RUNS.get(self.target.address, 0) + 1
         async with send:
             task_status.started()
-            await send.send(
-                SourceFault(source=self.name, key=None, at=anyio.current_time(), reason="hello")
-            )
+            fault = SourceFault(source=self.name, key=None, at=anyio.current_time(), reason="hello")
+            if self.gate(fault):
+                await send.send(fault)
             await anyio.sleep_forever()
 
 
@@ -114,6 +117,7 @@ class _Agent:
         self.node = node
         self.name = f"agent/{node}"
         self.up = True
+        self.gate: Callable[[Sample], bool] = lambda sample: True
 
     async def run(
         self,
@@ -125,13 +129,15 @@ class _Agent:
             task_status.started()
             was_up = False
             while True:
+                sample: Sample | None = None
                 if self.up:
-                    await send.send(Batch(source=self.name, samples=()))
+                    sample = Batch(source=self.name, samples=())
                 elif was_up:
-                    fault = SourceFault(
+                    sample = SourceFault(
                         source=self.name, key=None, at=anyio.current_time(), reason="down"
                     )
-                    await send.send(fault)
+                if sample is not None and self.gate(sample):
+                    await send.send(sample)
                 was_up = self.up
                 await anyio.sleep(1)
 
@@ -141,8 +147,13 @@ class _Harness:
         self.agents = agents
         self.targets_send, targets_receive = anyio.create_memory_object_stream[AgentsReading](8)
         self.send, self.receive = anyio.create_memory_object_stream[Sample](1024)
-        self.links = AgentLinks(targets_receive, self.send, lambda t: agents[t.address])
+        self.links = AgentLinks(targets_receive, self.send, self._link)
         self.got: list[Sample] = []
+
+    def _link(self, target: AgentTarget, gate: Callable[[Sample], bool]) -> _Agent:
+        agent = self.agents[target.address]
+        agent.gate = gate
+        return agent
 
     async def settle(self, seconds: float = 1.5) -> list[Sample]:
         await anyio.sleep(seconds)

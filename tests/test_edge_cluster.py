@@ -111,7 +111,7 @@ async def _open_cluster(
         targets = [AgentTarget(host="127.0.0.1", port=a.port) for a in agents.agents.values()]
         source = AgentsSource(
             StaticDiscovery([*targets, *extra]),
-            lambda t: AgentLink(t, backoff=FAST, min_idle_s=0.5),
+            lambda t, gate: AgentLink(t, backoff=FAST, min_idle_s=0.5, gate=gate),
         )
         pods = build_cluster_pods(kubeconfig=str(kubeconfig))
         async with loopback_scaler(source, samplers=pods) as scaler:

@@ -61,7 +61,7 @@ async def _open_cluster(tmp_path: Path, namespaces: PodNamespaces) -> AsyncItera
         kubeconfig = write_kubeconfig(tmp_path / "kubeconfig", api.url)
         source = AgentsSource(
             StaticDiscovery([AgentTarget(host="127.0.0.1", port=agent.port)]),
-            lambda t: AgentLink(t, backoff=FAST, min_idle_s=0.5),
+            lambda t, gate: AgentLink(t, backoff=FAST, min_idle_s=0.5, gate=gate),
         )
         pods = build_cluster_pods(namespaces, kubeconfig=str(kubeconfig))
         async with loopback_scaler(source, samplers=pods, pod_namespaces=namespaces) as scaler:

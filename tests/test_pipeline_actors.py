@@ -185,3 +185,34 @@ async def test_aggregator_folds_one_cycle_into_one_snapshot(autojump_clock: Mock
 def test_backoff_grows_to_its_maximum() -> None:
     backoff = Backoff(initial_s=0.5, factor=2.0, maximum_s=3.0)
     assert [backoff.delay(n) for n in range(1, 6)] == [0.5, 1.0, 2.0, 3.0, 3.0]
+
+
+@pytest.mark.trio
+async def test_an_aggregator_with_a_min_interval_folds_what_came_meanwhile_at_once(
+    autojump_clock: MockClock,
+) -> None:
+    from keda_gpu_scaler.domain.samples import SourceFault
+
+    def fault(name: str) -> SourceFault:
+        return SourceFault(source=name, key=None, at=anyio.current_time(), reason="x")
+
+    hub = SnapshotHub()
+    send, receive = anyio.create_memory_object_stream[Sample](64)
+    async with anyio.create_task_group() as tg, send:
+        await tg.start(Aggregator(receive, hub, min_interval_s=0.01).run)
+        t0 = anyio.current_time()
+        await send.send(fault("a"))
+        await anyio.sleep(0.001)
+        assert hub.current.version == 1  # the first folds at once
+        await send.send(fault("b"))
+        await anyio.sleep(0.001)
+        await send.send(fault("c"))
+        await anyio.sleep(0.001)
+        assert hub.current.version == 1  # b and c wait out the interval...
+        snapshot = await hub.wait_newer(1)
+        assert snapshot.version == 2  # ...and fold together, 10 ms after the first
+        assert set(snapshot.sources) == {"a", "b", "c"}
+        assert snapshot.published_at == pytest.approx(t0 + 0.01)
+        tg.cancel_scope.cancel()
+    with pytest.raises(ValueError, match="min_interval_s"):
+        Aggregator(receive, hub, min_interval_s=-1)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import gc
 import logging
 import socket
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from functools import partial
@@ -20,8 +20,8 @@ from anyio.streams.memory import MemoryObjectSendStream
 
 from keda_gpu_scaler.domain.engines import EngineTarget
 from keda_gpu_scaler.domain.errors import SourceUnavailable
-from keda_gpu_scaler.domain.samples import AgentsReading, AgentTarget, Sample
-from keda_gpu_scaler.pipeline.agents import AgentLinks
+from keda_gpu_scaler.domain.samples import AgentsReading, Sample
+from keda_gpu_scaler.pipeline.agents import AgentLinkFactory, AgentLinks
 from keda_gpu_scaler.pipeline.aggregator import Aggregator, FoldObserver
 from keda_gpu_scaler.pipeline.engines import EngineSubscriptions
 from keda_gpu_scaler.pipeline.hub import SnapshotHub
@@ -72,6 +72,10 @@ def build_source(spec: str, *, interval_s: float = 1.0) -> Sampler:
     raise SourceUnavailable(f'unknown source "{spec}": use nvml, replay or replay:PATH')
 
 
+CLUSTER_FOLD_INTERVAL_S = 0.01
+"""How often at most a cluster scaler folds its agents' updates into a snapshot."""
+
+
 class AgentsSource:
     """A cluster scaler's source: discovery of the node agents and one link per ready agent
     (``--source agents --agents SPEC``). Each link is a supervised sampler of its own, so one
@@ -82,7 +86,7 @@ class AgentsSource:
     def __init__(
         self,
         discovery: AgentDiscovery,
-        link: Callable[[AgentTarget], Sampler],
+        link: AgentLinkFactory,
     ) -> None:
         self._discovery = discovery
         self._link = link
@@ -121,7 +125,8 @@ def build_agents_source(
     server_name = "" if tls is None else tls.server_name
     discovery = discovery_for(parse_agents(spec), kubeconfig=kubeconfig)
     return AgentsSource(
-        discovery, lambda target: AgentLink(target, ssl=context, server_name=server_name)
+        discovery,
+        lambda target, gate: AgentLink(target, ssl=context, server_name=server_name, gate=gate),
     )
 
 
@@ -239,10 +244,12 @@ async def open_pipeline(
     samplers: Sequence[Sampler] = (),
 ) -> AsyncIterator[RunningPipeline]:
     """A supervised source, and ``samplers`` beside it (attribution, pod labels), feeding
-    the aggregator; everything stops on exit."""
+    the aggregator; everything stops on exit. A cluster scaler's aggregator folds at most
+    every ``CLUSTER_FOLD_INTERVAL_S``."""
     hub = hub or SnapshotHub()
     send, receive = anyio.create_memory_object_stream[Sample](SAMPLE_BUFFER)
-    aggregator = Aggregator(receive, hub, observers=observers)
+    interval = CLUSTER_FOLD_INTERVAL_S if isinstance(source, AgentsSource) else 0.0
+    aggregator = Aggregator(receive, hub, observers=observers, min_interval_s=interval)
     async with anyio.create_task_group() as tg, send:
         await tg.start(aggregator.run)
         for sampler in (source, *samplers):

@@ -214,7 +214,9 @@ async def run_cluster_demo(duration_s: float, every_s: float) -> None:
     tty = sys.stdout.isatty()
     async with AsyncExitStack() as stack:
         replays, targets = await _start_agents(stack)
-        source = AgentsSource(StaticDiscovery(targets), lambda target: AgentLink(target))
+        source = AgentsSource(
+            StaticDiscovery(targets), lambda target, gate: AgentLink(target, gate=gate)
+        )
         pods = ScriptedPods(_pods(), period_s=SCRIPT_PERIOD_S)
         scaler = await stack.enter_async_context(
             open_scaler(source, host=HOST, port=0, samplers=[pods])

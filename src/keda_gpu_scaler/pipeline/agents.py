@@ -6,8 +6,8 @@ when the address appears and stopped when it leaves. Not-ready agents are kept f
 and ``/metrics`` (:attr:`AgentLinks.discovered`), never linked. Links are built by a factory
 the composition root injects, so the pipeline never imports a source.
 
-Every link's samples pass through here on their way to the aggregator, which is where two
-rules of a cluster's view are kept:
+Every sample a link publishes is first shown to this actor (the link's gate, called on the
+event loop, synchronous), which is where two rules of a cluster's view are kept:
 
 - **one link per node**: when two links publish for one node name, the newer stream wins
   (:class:`~keda_gpu_scaler.domain.agents.NodeClaims`), with a log line; the older one's
@@ -24,6 +24,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 
 import anyio
 from anyio.abc import TaskGroup, TaskStatus
@@ -48,18 +49,19 @@ from keda_gpu_scaler.pipeline.supervisor import Backoff, Sampler, supervise
 
 log = logging.getLogger(__name__)
 
-AgentLinkFactory = Callable[[AgentTarget], Sampler]
+SampleGate = Callable[[Sample], bool]
+"""Given to each link: whether a sample it is about to publish goes on (False: drop it)."""
+AgentLinkFactory = Callable[[AgentTarget, SampleGate], Sampler]
 ROSTER_SWEEP_S = 10.0
 """How often the roster is looked at for nodes to forget, besides every discovery change
 and every stream that starts or breaks."""
-_LINK_BUFFER = 16
 
 
 @dataclass(slots=True)
 class _Linked:
     target: AgentTarget
-    link: Sampler
     scope: anyio.CancelScope
+    link: Sampler | None = None
     stream_since: float | None = None
     """When the link's current stream first published; None while it has none."""
     dropped: bool = False
@@ -84,6 +86,8 @@ class AgentLinks:
         self._tg: TaskGroup | None = None
         self._links: dict[str, _Linked] = {}
         self._claims = NodeClaims()
+        self._roster_due = anyio.Event()
+        self._released: list[str] = []
         self.roster = AgentRoster()
         """Which nodes are heard, missing, and (by leaving it) forgotten."""
         self.discovered: AgentsReading | None = None
@@ -96,7 +100,7 @@ class AgentLinks:
     async def run(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
         async with self._targets, self._send, anyio.create_task_group() as tg:
             self._tg = tg
-            tg.start_soon(self._sweep)
+            tg.start_soon(self._roster_task)
             task_status.started()
             async for reading in self._targets:
                 await self._apply(reading)
@@ -119,44 +123,39 @@ class AgentLinks:
             linked.scope.cancel()
             self._claims.release(linked.target.address)
         await self._update_roster()
-        running = {linked.link.name for linked in self._links.values()}
+        running = {linked.link.name for linked in self._links.values() if linked.link}
         for linked in stopped:
             # A link that never named a node (no stream yet) leaves its own source's faults.
+            assert linked.link is not None
             name = linked.link.name
             if node_of_source(name) not in self.roster.nodes and name not in running:
                 await self._send.send(SourceStopped(source=name))
 
     def _start(self, target: AgentTarget) -> None:
         assert self._tg is not None  # run() started
-        linked = _Linked(target, self._factory(target), anyio.CancelScope())
+        linked = _Linked(target, anyio.CancelScope())
+        linked.link = self._factory(target, partial(self._admit, linked))
         self._links[target.address] = linked
         log.info("agent link started", extra={"agent": target.address, "node": target.node})
         self._tg.start_soon(self._supervised, linked)
 
     async def _supervised(self, linked: _Linked) -> None:
-        send, receive = anyio.create_memory_object_stream[Sample](_LINK_BUFFER)
+        link = linked.link
+        assert link is not None
         with linked.scope:
-            async with anyio.create_task_group() as tg:
-                tg.start_soon(self._forward, linked, receive)
-                await supervise(linked.link.name, linked.link.run, send=send, backoff=self._backoff)
+            await supervise(link.name, link.run, send=self._send.clone(), backoff=self._backoff)
 
-    async def _forward(self, linked: _Linked, receive: MemoryObjectReceiveStream[Sample]) -> None:
-        """Pass a link's samples on, but not those for a node a newer stream holds."""
-        address = linked.target.address
-        async with receive:
-            async for sample in receive:
-                if self._links.get(address) is not linked:
-                    continue  # stopped: a late sample of a link being cancelled
-                if isinstance(sample, SourceFault) and sample.key is None:
-                    await self._broke(linked, sample)
-                    continue
-                node = _node_of(sample)
-                if node is not None and not await self._speaks(linked, node):
-                    continue
-                await self._send.send(sample)
+    def _admit(self, linked: _Linked, sample: Sample) -> bool:
+        """The gate of a link's samples: whether one goes on to the aggregator. Not those
+        of a stopped link, nor those for a node a newer stream holds (see NodeClaims)."""
+        if self._links.get(linked.target.address) is not linked:
+            return False  # stopped: a late sample of a link being cancelled
+        if isinstance(sample, SourceFault) and sample.key is None:
+            return self._broke(linked, sample)
+        node = _node_of(sample)
+        return node is None or self._speaks(linked, node)
 
-    async def _speaks(self, linked: _Linked, node: str) -> bool:
-        """Whether ``linked`` speaks for ``node`` now (see :class:`NodeClaims`)."""
+    def _speaks(self, linked: _Linked, node: str) -> bool:
         address = linked.target.address
         if linked.stream_since is None:
             linked.stream_since = anyio.current_time()
@@ -169,33 +168,38 @@ class AgentLinks:
                 )
                 linked.dropped = True
             return False
-        if linked.dropped or took_from is not None:
-            if took_from is not None:
-                log.warning(
-                    "two agents claim one node: the newer stream wins",
-                    extra={"node": node, "agent": address, "older": took_from.owner},
-                )
-            linked.dropped = False
-        if node not in self.roster.nodes or not self.roster.nodes[node].heard:
-            await self._update_roster()
+        if took_from is not None:
+            log.warning(
+                "two agents claim one node: the newer stream wins",
+                extra={"node": node, "agent": address, "older": took_from.owner},
+            )
+        linked.dropped = False
+        seen = self.roster.nodes.get(node)
+        if seen is None or not seen.heard:
+            self._roster_due.set()
         return True
 
-    async def _broke(self, linked: _Linked, fault: SourceFault) -> None:
-        """A link's stream broke: it lets go of its node (so the fault is the node's only if
-        it spoke for it), and the roster hears it no more."""
-        address = linked.target.address
-        released = self._claims.release(address)
+    def _broke(self, linked: _Linked, fault: SourceFault) -> bool:
+        """A link's stream broke: it lets go of its nodes, which the roster hears no more;
+        its fault is passed on if it spoke for its node (or nobody does)."""
+        released = self._claims.release(linked.target.address)
         linked.stream_since = None
-        node = node_of_source(fault.source)
-        if released or node is None or self._claims.holder(node) is None:
-            await self._send.send(fault)
         if released:
-            await self._update_roster(heard_also=released)
-            await self._update_roster()
+            self._released.extend(released)
+            self._roster_due.set()
+        node = node_of_source(fault.source)
+        return bool(released) or node is None or self._claims.holder(node) is None
 
-    async def _sweep(self) -> None:
+    async def _roster_task(self) -> None:
+        """The roster, updated when a node is first heard or stops being heard, and every
+        ``sweep_s`` (nodes to forget)."""
         while True:
-            await anyio.sleep(self._sweep_s)
+            with anyio.move_on_after(self._sweep_s):
+                await self._roster_due.wait()
+            self._roster_due = anyio.Event()
+            released, self._released = self._released, []
+            if released:  # last heard now, then not heard
+                await self._update_roster(heard_also=released)
             await self._update_roster()
 
     async def _update_roster(self, *, heard_also: list[str] | None = None) -> None:

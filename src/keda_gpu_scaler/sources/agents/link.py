@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import logging
 import ssl
+from collections.abc import Callable
 from dataclasses import dataclass
 from ssl import SSLContext
 from typing import Any
@@ -117,9 +118,12 @@ class AgentLink:
         max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
         backoff: Backoff = Backoff(),  # noqa: B008 - a frozen value
         min_idle_s: float = DEFAULT_MIN_IDLE_S,
+        gate: Callable[[Sample], bool] | None = None,
     ) -> None:
         """``server_name`` is what the agent's certificate is checked against (default: the
-        host dialled). Raises ValueError naming a bad value."""
+        host dialled); ``gate`` is asked, for each sample, whether to publish it (the
+        cluster's one-link-per-node rule); none: every sample. Raises ValueError naming a bad
+        value."""
         if max_message_bytes < 1:
             raise ValueError(f"max_message_bytes must be at least 1, not {max_message_bytes}")
         if not min_idle_s > 0:
@@ -142,6 +146,7 @@ class AgentLink:
             http2_stream_window_size=window,
         )
         self._counts = _Counts(node=target.node or None)
+        self._gate = gate or _every
 
     def statistics(self) -> AgentLinkStatistics:
         c = self._counts
@@ -169,7 +174,9 @@ class AgentLink:
                 if healthy:
                     failures = 0  # a long healthy stream: the next break starts afresh
                 failures += 1
-                await send.send(self._failed(detail, after_healthy_stream=healthy))
+                fault = self._failed(detail, after_healthy_stream=healthy)
+                if self._gate(fault):
+                    await send.send(fault)
                 await anyio.sleep(self.backoff.delay(failures))
 
     async def _stream_once(self, send: MemoryObjectSendStream[Sample]) -> str:
@@ -209,7 +216,8 @@ class AgentLink:
                 if update.identity is not None:
                     self._streaming(reader)
                 for sample in samples:
-                    await send.send(sample)
+                    if self._gate(sample):
+                        await send.send(sample)
                 if update.readings is not None:
                     self._counts.updates += 1
                     self._counts.last_update_at = received_at
@@ -283,6 +291,10 @@ class AgentLink:
             at=anyio.current_time(),
             reason=f"agent {self.address}: {detail}",
         )
+
+
+def _every(sample: Sample) -> bool:
+    return True
 
 
 async def _recv_initial_metadata(stream: ClientStream[Any, Any]) -> None:

@@ -24,6 +24,7 @@ import math
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
+from math import isfinite
 from typing import Any, Protocol, TypeVar
 
 from keda_gpu_scaler.domain.agents import attribution_source, readings_source
@@ -39,7 +40,6 @@ from keda_gpu_scaler.domain.samples import (
     GpuReading,
     PodResourcesReading,
     SourceFault,
-    finite_or_none,
 )
 
 __all__ = [
@@ -50,7 +50,7 @@ __all__ = [
     "readings_source",
 ]
 
-_OTHER_READINGS = tuple(n for n in OPTIONAL_READINGS if n not in FLOAT_READINGS)
+_FLOATS = frozenset(FLOAT_READINGS)
 # Kubernetes node names are RFC 1123 subdomains; an agent falling back to its host name may
 # send capitals or underscores. Never "/", which separates the node from the key.
 _NODE_NAME = re.compile(r"[A-Za-z0-9]([-A-Za-z0-9_.]{0,251}[A-Za-z0-9])?")
@@ -264,8 +264,13 @@ class StreamReader:
 
 
 def _reading(device: DeviceMessage, node: str, source: str, received_at: float) -> GpuReading:
-    floats: dict[str, Any] = {n: finite_or_none(getattr(device, n)) for n in FLOAT_READINGS}
-    others: dict[str, Any] = {n: getattr(device, n) for n in _OTHER_READINGS}
+    # Only the readings present are passed (an absent one is the default, None), and a NaN
+    # or an infinity is no reading: a thousand agents' devices a second go through here.
+    present: dict[str, Any] = {}
+    for name in OPTIONAL_READINGS:
+        value = getattr(device, name)
+        if value is not None and (name not in _FLOATS or isfinite(value)):
+            present[name] = value
     return GpuReading(
         source=source,
         key=DeviceKey(f"{node}/{device.key}"),
@@ -276,8 +281,7 @@ def _reading(device: DeviceMessage, node: str, source: str, received_at: float) 
         period_s=_positive(device.period_s, f"{device.key}'s period_s"),
         mig_enabled=device.mig_enabled,
         node=node,
-        **floats,
-        **others,
+        **present,
     )
 
 
