@@ -39,7 +39,7 @@ from keda_gpu_scaler.domain.snapshot import (
     Snapshot,
     stale_limit_s,
 )
-from keda_gpu_scaler.domain.trigger import MigSelector, TriggerSpec
+from keda_gpu_scaler.domain.trigger import TriggerSpec
 from keda_gpu_scaler.domain.windows import Windowed, window_value
 
 
@@ -150,16 +150,19 @@ def _gpu_label(device: DeviceState) -> str:
     return f"{node} GPU {device.index}" if node else f"GPU {device.index}"
 
 
-def _select(spec: TriggerSpec, snapshot: Snapshot) -> tuple[list[DeviceState], Basis]:
+def _select(
+    spec: TriggerSpec, snapshot: Snapshot, known: Mapping[str, NodePart]
+) -> tuple[tuple[Group, ...], Basis]:
     """gpuIndex -1: every GPU, a MIG-enabled GPU by its instances; N: physical GPU N; on a
-    cluster scaler with ``nodeName``, of that node only (its view, not the whole cluster)."""
+    cluster scaler, node by node, and with ``nodeName`` of that node only (its view, not the
+    whole cluster). A node whose view is that of its ``known`` part keeps that selection."""
     if not snapshot.device_count:
         raise NoData("no GPU readings yet")
     if snapshot.on_cluster():
         check_cluster_trigger(spec)
     if spec.node_name is None:
         basis = Basis(tuple(snapshot.nodes.items()), node_count=len(snapshot.nodes))
-        devices = snapshot.ordered_devices()
+        views = sorted(snapshot.nodes.items())
     else:
         view = snapshot.nodes.get(spec.node_name)
         basis = Basis(((spec.node_name, view),))
@@ -168,31 +171,48 @@ def _select(spec: TriggerSpec, snapshot: Snapshot) -> tuple[list[DeviceState], B
             raise NoData(
                 f"no GPU of node {spec.node_name} reported (nodes: {', '.join(nodes) or 'none'})"
             )
-        devices = sorted(view.devices.values(), key=_by_index)
+        views = [(spec.node_name, view)]
+    groups = []
+    for name, one in views:
+        part = known.get(name)
+        if part is not None and part.view is one:
+            groups.append((name, part.keys))
+            continue
+        chosen = _chosen(spec, sorted(one.devices.values(), key=_by_index))
+        if chosen:
+            groups.append((name, tuple(d.key for d in chosen)))
+    if not groups:
+        devices = [d for _, v in views for d in v.devices.values()]
+        raise NoData(_nothing_selected(spec, sorted(devices, key=_by_index)))
+    return tuple(groups), basis
+
+
+def _chosen(spec: TriggerSpec, devices: list[DeviceState]) -> list[DeviceState]:
+    """The devices of one node the trigger selects, by NVML index."""
     if spec.mig_instance is not None:
-        return _select_instance(spec.mig_instance, devices), basis
+        return [
+            d for d in devices if d.reading is not None and spec.mig_instance.matches(d.reading)
+        ]
     if spec.gpu_index < 0:
-        chosen = [d for d in devices if not _is_mig_parent(d)]
-        if not chosen:
-            raise NoData("MIG is enabled on every GPU of this node and no MIG instance exists")
-        return chosen, basis
-    chosen = [d for d in devices if d.index == spec.gpu_index and not _is_instance(d)]
-    if not chosen:
-        known = ", ".join(sorted({str(d.index) for d in devices}, key=int))
-        raise NoData(f"no GPU with gpuIndex {spec.gpu_index} on this node (GPUs: {known})")
-    return chosen, basis
+        return [d for d in devices if not _is_mig_parent(d)]
+    return [d for d in devices if d.index == spec.gpu_index and not _is_instance(d)]
+
+
+def _nothing_selected(spec: TriggerSpec, devices: list[DeviceState]) -> str:
+    """Why no device of ``devices`` (every node's read, by index) is selected."""
+    if spec.mig_instance is not None:
+        known = ", ".join(f"{_label(d)} ({d.key})" for d in devices if _is_instance(d))
+        return (
+            f"no MIG instance {spec.mig_instance} on this node (MIG instances: {known or 'none'})"
+        )
+    if spec.gpu_index < 0:
+        return "MIG is enabled on every GPU of this node and no MIG instance exists"
+    known = ", ".join(sorted({str(d.index) for d in devices}, key=int))
+    return f"no GPU with gpuIndex {spec.gpu_index} on this node (GPUs: {known})"
 
 
 def _by_index(device: DeviceState) -> tuple[int, str]:
     return device.index, device.key
-
-
-def _select_instance(selector: MigSelector, devices: list[DeviceState]) -> list[DeviceState]:
-    chosen = [d for d in devices if d.reading is not None and selector.matches(d.reading)]
-    if not chosen:
-        known = ", ".join(f"{_label(d)} ({d.key})" for d in devices if _is_instance(d))
-        raise NoData(f"no MIG instance {selector} on this node (MIG instances: {known or 'none'})")
-    return chosen
 
 
 def _why_missing(device: DeviceState, now: float) -> str | None:
@@ -350,6 +370,7 @@ def _measure_devices(
 ) -> Measurement:
     pods: _PodScope | None = None
     until = math.inf
+    known = MappingProxyType({}) if previous is None else previous.node_parts
     if spec.pod_selector is not None:
         pods = _select_pods(spec, snapshot, now, None if previous is None else previous.pods)
         until = _scope_until(snapshot, pods, now)
@@ -365,10 +386,8 @@ def _measure_devices(
                 raise NoData(f"no GPU of node {spec.node_name} reported (nodes: {nodes})")
         basis = pods.basis
     else:
-        selected, basis = _select(spec, snapshot)
-        groups = _groups(selected)
+        groups, basis = _select(spec, snapshot, known)
     cluster = snapshot.on_cluster()
-    known = {} if previous is None else previous.node_parts
     node_parts: dict[str, NodePart] = {}
     for name, keys in groups:
         view = snapshot.nodes[name]
