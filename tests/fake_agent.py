@@ -42,6 +42,7 @@ from keda_gpu_scaler.pipeline.hub import SnapshotHub
 from keda_gpu_scaler.serving.node_agent import NodeAgentService
 from keda_gpu_scaler.serving.telemetry import NoTelemetry
 from keda_gpu_scaler.sources.fake import ScriptedAttribution
+from tests.loopback import serve_closing
 
 HOST = "127.0.0.1"
 WATCH_NODE = "/kedagpuscaler.v1.NodeAgent/WatchNode"
@@ -227,7 +228,7 @@ async def hanging_agent() -> AsyncIterator[HangingAgent]:
             await anyio.sleep_forever()
 
     async with listener, anyio.create_task_group() as tg:
-        tg.start_soon(listener.serve, hold)
+        tg.start_soon(serve_closing, listener, hold, tg)
         try:
             yield agent
         finally:

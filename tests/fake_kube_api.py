@@ -67,6 +67,8 @@ from anyio.abc import SocketAttribute, SocketStream, TaskGroup
 from anyio.lowlevel import checkpoint
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
+from tests.loopback import serve_closing
+
 Json = dict[str, Any]
 Target = Literal["list", "watch", "pods", "slices", "version"]
 """What a scripted failure applies to: lists, watches (of either kind), every pod request,
@@ -475,7 +477,7 @@ class FakeKubeApi:
         async def serve() -> None:
             with scope:
                 async with listener:
-                    await listener.serve(self._connection, task_group=task_group)
+                    await serve_closing(listener, self._connection, task_group)
 
         task_group.start_soon(serve)
 

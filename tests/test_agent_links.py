@@ -129,8 +129,9 @@ class _Agent:
             task_status.started()
             was_up = False
             while True:
+                up = self.up  # as of this tick: the test may flip it while this one sends
                 sample: Sample | None = None
-                if self.up:
+                if up:
                     sample = Batch(source=self.name, samples=())
                 elif was_up:
                     sample = SourceFault(
@@ -138,7 +139,7 @@ class _Agent:
                     )
                 if sample is not None and self.gate(sample):
                     await send.send(sample)
-                was_up = self.up
+                was_up = up
                 await anyio.sleep(1)
 
 
