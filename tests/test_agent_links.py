@@ -88,7 +88,11 @@ async def test_links_follow_discovery(autojump_clock: trio.testing.MockClock) ->
         await targets_send.send(_reading(A, B_NOT_READY))
         await settle()
         assert [t.address for t in links.linked()] == ["10.0.0.1:6000"]
-        assert got == [SourceStopped(source="agent/10.0.0.2:6000")]
+        # Discovery's set goes on to the aggregator (the tap and /metrics list it).
+        assert [s for s in got if isinstance(s, AgentsReading)] == [_reading(A, B_NOT_READY)]
+        assert [s for s in got if not isinstance(s, AgentsReading)] == [
+            SourceStopped(source="agent/10.0.0.2:6000")
+        ]
         assert links.discovered is not None
         assert B_NOT_READY in links.discovered.targets
         # Ready again, then the same address for another node: a new link each time.
@@ -265,3 +269,35 @@ async def test_a_node_discovery_lists_stays_missing_and_goes_when_delisted(
         await h.targets_send.send(_reading())
         assert _by(await h.settle(1), SourceStopped) == ["agent/gpu-2"]
         tg.cancel_scope.cancel()
+
+
+@pytest.mark.anyio
+async def test_every_agent_discovery_sees_is_in_the_snapshot_the_tap_and_metrics() -> None:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from keda_gpu_scaler.pipeline.state import fold
+    from keda_gpu_scaler.pipeline.tap import Tap, TapFilter
+    from keda_gpu_scaler.serving.observability import SelfMetrics
+    from keda_gpu_scaler.testing import snapshot_after
+
+    seen = _reading(A, B_NOT_READY)
+    snapshot = snapshot_after([seen], 0.0)
+    assert snapshot.agents == seen
+    assert snapshot.sources[AGENTS_SOURCE].samples == 1
+    tap = Tap(max_buffer=8)
+    with tap.subscribe(TapFilter()) as subscription:
+        tap.folded([seen], fold(snapshot, [seen], 0.0))
+        line = await subscription.__anext__()
+    assert b'"type":"agents"' in line and b'"ready":false' in line
+    metrics = SelfMetrics()
+    metrics.read_live(lambda: snapshot, lambda: 0)
+    rows = [
+        sample.labels
+        for family in text_string_to_metric_families(metrics.render().decode())
+        for sample in family.samples
+        if sample.name == "keda_gpu_scaler_agent_targets"
+    ]
+    assert rows == [
+        {"address": "10.0.0.1:6000", "node": "a", "pod": "", "ready": "true"},
+        {"address": "10.0.0.2:6000", "node": "b", "pod": "", "ready": "false"},
+    ]

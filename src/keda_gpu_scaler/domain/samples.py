@@ -216,7 +216,8 @@ class AgentTarget(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True)
 
 class AgentsReading(msgspec.Struct, frozen=True, kw_only=True, tag="agents", omit_defaults=True):
     """The whole set of node agents discovery sees now (``--agents``), as discovery tells
-    the links (its own channel, not the aggregator's)."""
+    the links (on a channel of their own); the links pass each on to the aggregator, so the
+    snapshot, the tap and ``/metrics`` show every agent, ready or not."""
 
     source: str
     taken_at: float
@@ -240,6 +241,7 @@ Sample = (
     | SourceStopped
     | PodResourcesReading
     | PodsReading
+    | AgentsReading
 )
 
 
@@ -253,7 +255,13 @@ def finite_or_none(value: float | None) -> float | None:
 def unbatch(
     samples: Iterable[Sample],
 ) -> Iterator[
-    GpuReading | SourceFault | EngineSample | SourceStopped | PodResourcesReading | PodsReading
+    GpuReading
+    | SourceFault
+    | EngineSample
+    | SourceStopped
+    | PodResourcesReading
+    | PodsReading
+    | AgentsReading
 ]:
     """Every sample, with each :class:`Batch` opened in place."""
     for sample in samples:

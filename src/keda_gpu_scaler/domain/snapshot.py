@@ -14,6 +14,7 @@ import msgspec
 from keda_gpu_scaler.domain.engines import EngineSample
 from keda_gpu_scaler.domain.history import EMPTY_HISTORY, History
 from keda_gpu_scaler.domain.samples import (
+    AgentsReading,
     DeviceHolder,
     DeviceKey,
     GpuReading,
@@ -204,6 +205,8 @@ class Snapshot(msgspec.Struct, frozen=True, kw_only=True):
     change."""
     attributed_until: float = -math.inf
     """On a cluster scaler: when the freshest node attribution goes stale."""
+    agents: AgentsReading | None = None
+    """On a cluster scaler: the node agents discovery sees (ready or not), as last told."""
 
     @property
     def devices(self) -> Mapping[DeviceKey, DeviceState]:

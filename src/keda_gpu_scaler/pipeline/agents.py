@@ -107,6 +107,7 @@ class AgentLinks:
 
     async def _apply(self, reading: AgentsReading) -> None:
         self.discovered = reading
+        await self._send.send(reading)  # for the snapshot: the tap and /metrics list them
         ready = {t.address: t for t in reading.targets if t.ready}
         stopped: list[_Linked] = []
         for address in [a for a in self._links if a not in ready]:

@@ -13,6 +13,7 @@ from keda_gpu_scaler.domain.attribution import index_holders
 from keda_gpu_scaler.domain.engines import EngineSample
 from keda_gpu_scaler.domain.history import EMPTY_HISTORY, NO_HISTORY, History, HistoryPlan
 from keda_gpu_scaler.domain.samples import (
+    AgentsReading,
     Batch,
     DeviceHolder,
     DeviceKey,
@@ -52,6 +53,7 @@ def fold(
     engines: dict[str, EngineSample] = _thaw(snapshot.engines)
     engine_history: dict[str, History] = _thaw(snapshot.engine_history)
     pods, pod_index = snapshot.pods, snapshot.pod_index
+    agents = snapshot.agents
     samples = tuple(samples)
     for item in samples:
         if isinstance(item, Batch | GpuReading | EngineSample | PodResourcesReading | PodsReading):
@@ -81,6 +83,9 @@ def fold(
         elif isinstance(sample, PodResourcesReading):
             nodes.touch(sample.node or LOCAL_NODE, now).attribute(sample)
             sources[sample.source] = _heard(source, sample.taken_at)
+        elif isinstance(sample, AgentsReading):
+            agents = sample
+            sources[sample.source] = _heard(source, sample.taken_at, fault=sample.error)
         elif isinstance(sample, PodsReading):
             if pods is None or sample.pods != pods.pods:
                 pod_index = index_pods(sample.pods)
@@ -106,6 +111,7 @@ def fold(
         pod_index=pod_index,
         pod_nodes=pod_nodes,
         attributed_until=attributed_until,
+        agents=agents,
     )
 
 

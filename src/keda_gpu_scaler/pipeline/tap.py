@@ -17,6 +17,7 @@ import msgspec
 from keda_gpu_scaler.domain.attribution import attribute
 from keda_gpu_scaler.domain.engines import EngineSample
 from keda_gpu_scaler.domain.samples import (
+    AgentsReading,
     Batch,
     DeviceHolder,
     DeviceKey,
@@ -65,7 +66,15 @@ class TapAttribution(msgspec.Struct, frozen=True, kw_only=True, tag="attribution
     dra: tuple[DraDevice, ...] = ()
 
 
-TapEvent = GpuReading | SourceFault | EngineSample | PodsReading | TapAttribution | TapDecision
+TapEvent = (
+    GpuReading
+    | SourceFault
+    | EngineSample
+    | PodsReading
+    | AgentsReading
+    | TapAttribution
+    | TapDecision
+)
 
 
 def tap_attribution(reading: PodResourcesReading, snapshot: Snapshot) -> TapAttribution:
@@ -110,7 +119,7 @@ class TapFilter:
             return False
         if self.source is not None and event.source != self.source:
             return False
-        if isinstance(event, EngineSample | PodsReading):
+        if isinstance(event, EngineSample | PodsReading | AgentsReading):
             return self.device is None
         if isinstance(event, TapAttribution):
             return self.device is None or any(

@@ -201,6 +201,7 @@ class _LiveCollector(Collector):
         snapshot = self._snapshot()
         yield from _gpu_families(snapshot, now)
         yield from _attribution_families(snapshot)
+        yield from _agent_families(snapshot)
         yield from _source_families(snapshot, now)
         yield from _decision_families(self._decisions, now)
         streams = GaugeMetricFamily(f"{PREFIX}_open_streams", "open StreamIsActive streams")
@@ -273,6 +274,21 @@ def _gpu_families(snapshot: Snapshot, now: float) -> Iterator[Metric]:
 
 
 _HOLDER_LABELS = ["namespace", "pod", "container", "resource", "device_id"]
+
+
+def _agent_families(snapshot: Snapshot) -> Iterator[Metric]:
+    """On a cluster scaler: every node agent discovery sees, ready (linked) or not."""
+    if snapshot.agents is None:
+        return
+    agents = GaugeMetricFamily(
+        f"{PREFIX}_agent_targets",
+        "1 per node agent discovery sees; ready ones are linked, not-ready ones only listed",
+        labels=["address", "node", "pod", "ready"],
+    )
+    for target in snapshot.agents.targets:
+        ready = "true" if target.ready else "false"
+        agents.add_metric([target.address, target.node, target.pod, ready], 1.0)
+    yield agents
 
 
 def _attribution_families(snapshot: Snapshot) -> Iterator[Metric]:
