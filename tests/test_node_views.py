@@ -339,3 +339,17 @@ def test_a_namespace_the_pod_watch_does_not_cover_is_unavailable_never_zero() ->
     spec = parse_trigger({"podSelector": "app=vllm"}, "serve")
     with pytest.raises(NoData, match="pods of namespace serve are not watched yet"):
         measure(spec, snapshot, NOW)
+
+
+def test_snapshot_structs_stay_out_of_the_cyclic_collector() -> None:
+    # A cluster scaler holds thousands of these and replaces them every second; tracked,
+    # every collection of the young generations walks them (docs/benchmarks.md).
+    import gc
+
+    snapshot = _cluster()
+    view = snapshot.nodes["node-a"]
+    device = next(iter(view.devices.values()))
+    for struct in (snapshot, view, device, snapshot.pod_index, snapshot.pods):
+        assert not gc.is_tracked(struct), type(struct).__name__
+    assert not gc.is_tracked(_update("node-a"))
+    assert not gc.is_tracked(_holders("node-a", {0: "p"}))

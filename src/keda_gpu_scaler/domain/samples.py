@@ -90,7 +90,7 @@ class SourceFault(msgspec.Struct, frozen=True, kw_only=True, tag="fault"):
     """True when the device fell off the bus or answers unknown errors."""
 
 
-class Batch(msgspec.Struct, frozen=True, kw_only=True, tag="batch"):
+class Batch(msgspec.Struct, frozen=True, kw_only=True, gc=False, tag="batch"):
     """Everything one sampler cycle read; the aggregator folds it into one snapshot."""
 
     source: str
@@ -142,7 +142,7 @@ class DraDevice(msgspec.Struct, frozen=True, kw_only=True):
 
 
 class PodResourcesReading(
-    msgspec.Struct, frozen=True, kw_only=True, tag="pod-resources", omit_defaults=True
+    msgspec.Struct, frozen=True, kw_only=True, tag="pod-resources", omit_defaults=True, gc=False
 ):
     """One good ``List`` of the kubelet PodResources API: every GPU device held, by whom.
 
@@ -158,7 +158,7 @@ class PodResourcesReading(
     """The node whose kubelet answered, on a cluster scaler; empty on a node agent."""
 
 
-class PodInfo(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
+class PodInfo(msgspec.Struct, frozen=True, kw_only=True, gc=False, omit_defaults=True):
     """A pod (of this node, or of the cluster) as the Kubernetes API last showed it."""
 
     namespace: str
@@ -175,7 +175,9 @@ class PodInfo(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
         return self.phase in ("Succeeded", "Failed")
 
 
-class PodsReading(msgspec.Struct, frozen=True, kw_only=True, tag="pods", omit_defaults=True):
+class PodsReading(
+    msgspec.Struct, frozen=True, kw_only=True, gc=False, tag="pods", omit_defaults=True
+):
     """The whole set of this node's pods (on a cluster scaler, every node's pods of
     ``namespaces``), as of the last answer of the Kubernetes API.
 
@@ -214,7 +216,9 @@ class AgentTarget(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True)
         return f"{host}:{self.port}"
 
 
-class AgentsReading(msgspec.Struct, frozen=True, kw_only=True, tag="agents", omit_defaults=True):
+class AgentsReading(
+    msgspec.Struct, frozen=True, kw_only=True, gc=False, tag="agents", omit_defaults=True
+):
     """The whole set of node agents discovery sees now (``--agents``), as discovery tells
     the links (on a channel of their own); the links pass each on to the aggregator, so the
     snapshot, the tap and ``/metrics`` show every agent, ready or not."""
