@@ -10,7 +10,6 @@ from keda_gpu_scaler.domain.errors import InvalidTrigger, NoData
 from keda_gpu_scaler.domain.samples import (
     PODS_SOURCE,
     DeviceHolder,
-    DeviceKey,
     GpuReading,
     PodInfo,
     PodResourcesReading,
@@ -20,7 +19,7 @@ from keda_gpu_scaler.domain.samples import (
 from keda_gpu_scaler.domain.snapshot import DeviceState, Snapshot
 from keda_gpu_scaler.domain.trigger import TriggerSpec, parse_trigger
 from keda_gpu_scaler.pipeline.state import fold
-from keda_gpu_scaler.testing import snapshot_of
+from keda_gpu_scaler.testing import agent_reading, snapshot_of
 
 NOW = 1000.0
 NODES = ("node-a", "node-b", "node-c")
@@ -28,18 +27,7 @@ UTIL = {"node-a": (10.0, 20.0), "node-b": (30.0, 40.0), "node-c": (50.0, 60.0)}
 
 
 def _reading(node: str, index: int, *, taken_at: float = NOW) -> GpuReading:
-    uuid = f"GPU-{node}-{index}"
-    return GpuReading(
-        source=f"agent/{node}",
-        key=DeviceKey(f"{node}/{uuid}"),
-        index=index,
-        uuid=uuid,
-        name="H200",
-        taken_at=taken_at,
-        period_s=1.0,
-        gpu_utilization=UTIL[node][index],
-        node=node,
-    )
+    return agent_reading(node, index, UTIL[node][index], taken_at=taken_at)
 
 
 def _attribution(

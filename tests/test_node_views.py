@@ -28,25 +28,14 @@ from keda_gpu_scaler.domain.trigger import parse_trigger
 from keda_gpu_scaler.pipeline.hub import SnapshotHub
 from keda_gpu_scaler.pipeline.state import fold
 from keda_gpu_scaler.serving.decider import Decider
-from keda_gpu_scaler.testing import CountingMeasure
+from keda_gpu_scaler.testing import CountingMeasure, agent_reading
 
 NOW = 100.0
 NODES = ("node-a", "node-b", "node-c")
 
 
 def _reading(node: str, gpu: int, value: float = 50.0, *, at: float = NOW) -> GpuReading:
-    uuid = f"GPU-{node}-{gpu}"
-    return GpuReading(
-        source=f"agent/{node}",
-        key=DeviceKey(f"{node}/{uuid}"),
-        index=gpu,
-        uuid=uuid,
-        name="H200",
-        taken_at=at,
-        period_s=1.0,
-        gpu_utilization=value,
-        node=node,
-    )
+    return agent_reading(node, gpu, value, taken_at=at)
 
 
 def _update(node: str, value: float = 50.0, *, at: float = NOW) -> Batch:

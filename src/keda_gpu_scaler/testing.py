@@ -18,6 +18,7 @@ from keda_gpu_scaler.app.compose import RunningPipeline, open_pipeline
 from keda_gpu_scaler.domain.decision import Measurement
 from keda_gpu_scaler.domain.decision import measure as real_measure
 from keda_gpu_scaler.domain.samples import (
+    DeviceKey,
     GpuReading,
     PodResourcesReading,
     PodsReading,
@@ -46,6 +47,7 @@ from keda_gpu_scaler.serving.telemetry import NoTelemetry, Telemetry
 __all__ = [
     "CountingMeasure",
     "TestService",
+    "agent_reading",
     "collect_samples",
     "faults",
     "flatten",
@@ -132,6 +134,25 @@ class CountingMeasure:
 def snapshot_after(samples: Iterable[Sample], now: float) -> Snapshot:
     """What the aggregator holds after folding ``samples`` from an empty start."""
     return fold(EMPTY_SNAPSHOT, samples, now)
+
+
+def agent_reading(
+    node: str, index: int, value: float, *, taken_at: float, period_s: float = 1.0
+) -> GpuReading:
+    """A GPU reading as a cluster scaler's link publishes it for ``node``: GPU ``index``
+    (UUID ``GPU-<node>-<index>``, key ``<node>/<uuid>``) at ``value`` % utilization."""
+    uuid = f"GPU-{node}-{index}"
+    return GpuReading(
+        source=f"agent/{node}",
+        key=DeviceKey(f"{node}/{uuid}"),
+        index=index,
+        uuid=uuid,
+        name="H200",
+        taken_at=taken_at,
+        period_s=period_s,
+        gpu_utilization=value,
+        node=node,
+    )
 
 
 def snapshot_of(
