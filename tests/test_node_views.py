@@ -342,3 +342,74 @@ def test_snapshot_structs_stay_out_of_the_cyclic_collector() -> None:
         assert not gc.is_tracked(struct), type(struct).__name__
     assert not gc.is_tracked(_update("node-a"))
     assert not gc.is_tracked(_holders("node-a", {0: "p"}))
+
+
+# -- a measurement made from the previous one is the one made afresh ------------------------
+
+_SPECS = [
+    {"podSelector": "app=vllm", "aggregation": "avg", "minCoverage": "0.5"},
+    {"podSelector": "app=train", "aggregation": "sum"},
+    {"aggregation": "max", "minCoverage": "0.3"},
+    {"nodeName": "node-b", "aggregation": "min"},
+]
+_EVENT = st.one_of(
+    st.tuples(st.just("read"), _NODE, st.floats(0, 100), st.floats(0, 4)),
+    st.tuples(
+        st.just("holders"),
+        _NODE,
+        st.dictionaries(
+            st.sampled_from([0, 1]), st.sampled_from(["vllm-0", "vllm-1", "train-0"]), max_size=2
+        ),
+        st.none(),
+    ),
+    st.tuples(
+        st.just("pods"),
+        st.none(),
+        st.sets(st.sampled_from(["vllm-0", "vllm-1", "train-0"])),
+        st.none(),
+    ),
+    st.tuples(st.just("stopped"), _NODE, st.none(), st.none()),
+    st.tuples(st.just("wait"), st.none(), st.floats(0, 3), st.none()),
+)
+
+
+def _outcome(spec: object, snapshot: Snapshot, now: float, previous: object) -> tuple[object, ...]:
+    from keda_gpu_scaler.domain.decision import Measurement
+    from keda_gpu_scaler.domain.errors import InvalidTrigger, NoData
+
+    assert previous is None or isinstance(previous, Measurement)
+    try:
+        m = measure(spec, snapshot, now, previous)  # type: ignore[arg-type]
+    except (NoData, InvalidTrigger) as exc:
+        return ("error", str(exc)), None
+    return (m.value, m.parts, m.labels, m.unsupported, m.coverage, m.scope, m.fresh_until), m
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(_EVENT, max_size=25))
+def test_a_measurement_from_the_previous_one_is_the_same_as_afresh(
+    events: list[tuple[str, str | None, object, object]],
+) -> None:
+    specs = [parse_trigger(m, "serve") for m in _SPECS]
+    snapshot, now = _cluster(), NOW
+    previous: list[object] = [None] * len(specs)
+    for kind, node, a, b in events:
+        if kind == "read":
+            assert node is not None and isinstance(a, float) and isinstance(b, float)
+            snapshot = fold(snapshot, [_update(node, a, at=now - b)], now)
+        elif kind == "holders":
+            assert node is not None and isinstance(a, dict)
+            snapshot = fold(snapshot, [_holders(node, a)], now)
+        elif kind == "pods":
+            assert isinstance(a, set)
+            snapshot = fold(snapshot, [_pods(*sorted(a), at=now)], now)
+        elif kind == "stopped":
+            snapshot = fold(snapshot, [SourceStopped(source=f"agent/{node}")], now)
+        else:
+            assert isinstance(a, float)
+            now += a
+        for i, spec in enumerate(specs):
+            afresh, _ = _outcome(spec, snapshot, now, None)
+            reused, made = _outcome(spec, snapshot, now, previous[i])
+            assert reused == afresh, (spec, kind)
+            previous[i] = made or previous[i]

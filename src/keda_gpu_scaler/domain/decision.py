@@ -1,10 +1,12 @@
 """Decisions: ``(trigger spec, snapshot, cooldown entry, now) -> value, activity, explanation``.
 
 A decision has two halves. :func:`measure` depends on the trigger spec and the snapshot only,
-so one measurement serves every caller with that spec until the snapshot changes, a
-reading it used goes stale or, with ``windowSeconds``, the oldest reading of a window leaves
-it (``fresh_until``). :func:`judge` then applies one ScaledObject's
-cooldown entry and the activation threshold: cheap, and per caller.
+so one measurement serves every caller with that spec until what it read changes
+(:class:`Basis`), a reading it used goes stale or, with ``windowSeconds``, the oldest reading
+of a window leaves it (``fresh_until``); given the spec's previous measurement it redoes only
+the nodes whose views changed (:class:`NodePart`), with the same result. :func:`judge` then
+applies one ScaledObject's cooldown entry and the activation threshold: cheap, and per
+caller.
 """
 
 from __future__ import annotations
@@ -292,6 +294,7 @@ def _node_part(
     devices = view.devices
     fresh: list[DeviceState] = []
     missing: list[str] = []
+    aging = False
     for key in keys:
         device = devices.get(key)
         if device is None:
@@ -303,7 +306,10 @@ def _node_part(
             fresh.append(device)
         else:
             missing.append(why)
+            aging = aging or (not device.is_lost() and device.reading is not None)
     until = min((_fresh_until(d) for d in fresh), default=math.inf)
+    if aging:
+        until = now  # "stale: 4.0 s old" is true now only: redone on the next call
     parts: list[tuple[int, float]] = []
     labels: list[str] = []
     unsupported: list[DeviceState] = []
