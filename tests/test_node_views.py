@@ -310,13 +310,15 @@ def test_a_pod_scope_is_kept_until_a_holder_or_a_pod_changes() -> None:
     before = _cluster()
     first = measure(spec, before, NOW)
     kept = measure(spec, fold(before, [_update("node-a", 10.0)], NOW), NOW, first)
-    assert kept.pods is first.pods
+    assert kept.pods is not None and first.pods is not None
+    assert kept.pods.groups is first.pods.groups  # the scope itself, not selected again
     assert kept.value == 60.0  # vllm-0 on node-a GPU 0 (10), vllm-1 on node-b GPU 0 (50)
     moved = fold(
         before, [_holders("node-c", {0: "vllm-2"}), _pods("vllm-0", "vllm-1", "vllm-2")], NOW
     )
     again = measure(spec, moved, NOW, first)
-    assert again.pods is not first.pods
+    assert again.pods is not None and first.pods is not None
+    assert again.pods.groups is not first.pods.groups
     assert again.value == 150.0
 
 
@@ -373,7 +375,9 @@ _EVENT = st.one_of(
 )
 
 
-def _outcome(spec: object, snapshot: Snapshot, now: float, previous: object) -> tuple[object, ...]:
+def _outcome(
+    spec: object, snapshot: Snapshot, now: float, previous: object
+) -> tuple[tuple[object, ...], object]:
     from keda_gpu_scaler.domain.decision import Measurement
     from keda_gpu_scaler.domain.errors import InvalidTrigger, NoData
 
@@ -385,6 +389,16 @@ def _outcome(spec: object, snapshot: Snapshot, now: float, previous: object) -> 
     return (m.value, m.parts, m.labels, m.unsupported, m.coverage, m.scope, m.fresh_until), m
 
 
+def _decided(decider: Decider, spec: object, snapshot: Snapshot, now: float) -> tuple[object, ...]:
+    from keda_gpu_scaler.domain.errors import InvalidTrigger, NoData
+
+    try:
+        m = decider.measurement(spec, snapshot, now)  # type: ignore[arg-type]
+    except (NoData, InvalidTrigger) as exc:
+        return ("error", str(exc))
+    return (m.value, m.parts, m.labels, m.unsupported, m.coverage, m.scope, m.fresh_until)
+
+
 @settings(max_examples=200, deadline=None)
 @given(st.lists(_EVENT, max_size=25))
 def test_a_measurement_from_the_previous_one_is_the_same_as_afresh(
@@ -393,6 +407,9 @@ def test_a_measurement_from_the_previous_one_is_the_same_as_afresh(
     specs = [parse_trigger(m, "serve") for m in _SPECS]
     snapshot, now = _cluster(), NOW
     previous: list[object] = [None] * len(specs)
+    hub = SnapshotHub()
+    decider = Decider(hub)  # its cache, kept across versions by Basis, must agree too
+    hub.publish(snapshot)
     for kind, node, a, b in events:
         if kind == "read":
             assert node is not None and isinstance(a, float) and isinstance(b, float)
@@ -408,8 +425,32 @@ def test_a_measurement_from_the_previous_one_is_the_same_as_afresh(
         else:
             assert isinstance(a, float)
             now += a
+        if snapshot.version > hub.current.version:
+            hub.publish(snapshot)
         for i, spec in enumerate(specs):
             afresh, _ = _outcome(spec, snapshot, now, None)
             reused, made = _outcome(spec, snapshot, now, previous[i])
             assert reused == afresh, (spec, kind)
             previous[i] = made or previous[i]
+            # A failure holds for its snapshot version (its reason may age meanwhile).
+            decided = _decided(decider, spec, snapshot, now)
+            assert decided[:1] == afresh[:1] if afresh[0] == "error" else decided == afresh
+
+
+@pytest.mark.anyio
+async def test_when_every_agent_is_gone_a_kept_zero_is_not_served() -> None:
+    # A workload whose pods hold no GPU measures 0; once no node agent is left, that 0 must
+    # not be served from the cache: with no attribution at all, the answer is UNAVAILABLE.
+    from keda_gpu_scaler.domain.errors import NoData
+
+    hub = SnapshotHub()
+    decider = Decider(hub)
+    spec = parse_trigger({"podSelector": "app=idle"}, "serve")
+    # Every node's kubelet says no pod holds a GPU (nodes leaving then change no index).
+    snapshot = fold(_cluster(), [_holders(node, {}) for node in NODES], NOW)
+    hub.publish(fold(snapshot, [_pods("idle-0")], NOW))
+    assert decider.measurement(spec, hub.current, NOW).value == 0.0
+    for node in NODES:
+        hub.publish(fold(hub.current, [SourceStopped(source=f"agent/{node}")], NOW))
+    with pytest.raises(NoData, match="pod attribution is unavailable"):
+        decider.measurement(spec, hub.current, NOW)

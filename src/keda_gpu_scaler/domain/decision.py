@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 from typing import NamedTuple
 
@@ -31,7 +31,7 @@ from keda_gpu_scaler.domain.cooldown import CooldownEntry, CooldownOutcome, appl
 from keda_gpu_scaler.domain.coverage import Coverage, check_cluster_trigger, refusal
 from keda_gpu_scaler.domain.errors import InvalidTrigger, NoData
 from keda_gpu_scaler.domain.history import EMPTY_HISTORY, History
-from keda_gpu_scaler.domain.samples import DeviceHolder, DeviceKey
+from keda_gpu_scaler.domain.samples import DeviceHolder, DeviceKey, PodsReading
 from keda_gpu_scaler.domain.snapshot import (
     STALE_AFTER_PERIODS,
     DeviceState,
@@ -71,9 +71,18 @@ class Basis:
     """Set when every node was read: a node that joins changes the answer."""
     pod_index: PodIndex | None = None
     pod_nodes: Mapping[PodKey, frozenset[str]] | None = None
+    pods: PodsReading | None = None
+    """The pod watch's reading it read (how fresh the labels are, which namespaces)."""
+    attributed_until: float | None = None
+    """On a cluster scaler, the snapshot's: pod attribution is usable while one node's is
+    fresh, and an earlier end (nodes gone) may make it unusable."""
 
     def holds(self, snapshot: Snapshot) -> bool:
         if self.node_count is not None and len(snapshot.nodes) != self.node_count:
+            return False
+        if self.attributed_until is not None and snapshot.attributed_until < self.attributed_until:
+            return False
+        if self.pods is not None and snapshot.pods is not self.pods:
             return False
         if self.pod_index is not None and snapshot.pod_index is not self.pod_index:
             return False
@@ -480,8 +489,11 @@ class _PodScope:
 
 
 def _scope_until(snapshot: Snapshot, pods: _PodScope, now: float) -> float:
-    """When the pod labels, or the attribution of a node in scope, go stale."""
+    """When the pod labels, the attribution of a node in scope, or (on a cluster scaler)
+    the freshest attribution of any node, go stale."""
     until = attribution_fresh_until(snapshot)
+    if snapshot.attribution is None and snapshot.on_cluster():
+        until = min(until, snapshot.attributed_until)
     for name, _ in pods.groups:
         view = snapshot.nodes[name]
         a = view.attribution
@@ -507,7 +519,15 @@ def _select_pods(
     if reason is not None:
         raise NoData(reason)
     if previous is not None and previous.holds(snapshot):
-        return previous
+        # The same devices of the same nodes: only what the basis names is newer.
+        current = tuple((name, snapshot.nodes[name]) for name, _ in previous.basis.views)
+        basis = replace(
+            previous.basis,
+            views=current,
+            pods=snapshot.pods,
+            attributed_until=snapshot.attributed_until,
+        )
+        return replace(previous, basis=basis)
     index = snapshot.pod_index
     matching = sorted(
         (p.namespace, p.name)
@@ -528,7 +548,13 @@ def _select_pods(
                     unmatched.append(holder)
                 else:
                     chosen[key] = (device, view)
-    basis = Basis(tuple(views.items()), pod_index=index, pod_nodes=snapshot.pod_nodes)
+    basis = Basis(
+        tuple(views.items()),
+        pod_index=index,
+        pod_nodes=snapshot.pod_nodes,
+        pods=snapshot.pods,
+        attributed_until=snapshot.attributed_until,
+    )
     indexes = tuple((name, view.by_pod) for name, view in views.items())
     if unmatched:
         held = ", ".join(f"{h.pod} holds {h.resource} {h.device_id}" for h in unmatched)
