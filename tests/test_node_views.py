@@ -454,3 +454,21 @@ async def test_when_every_agent_is_gone_a_kept_zero_is_not_served() -> None:
         hub.publish(fold(hub.current, [SourceStopped(source=f"agent/{node}")], NOW))
     with pytest.raises(NoData, match="pod attribution is unavailable"):
         decider.measurement(spec, hub.current, NOW)
+
+
+def test_a_lost_device_without_a_reading_held_by_a_selected_pod_is_missing_not_a_crash() -> None:
+    # node-a's GPU 1 fell off the bus before it was ever read: the link sends it as lost.
+    lost = SourceFault(
+        source="agent/node-a",
+        key=DeviceKey("node-a/GPU-node-a-9"),
+        at=NOW,
+        reason="fell off the bus",
+        index=9,
+        lost=True,
+    )
+    snapshot = fold(
+        _cluster(), [lost, _holders("node-a", {0: "vllm-0", 9: "vllm-0", 1: "train-0"})], NOW
+    )
+    spec = parse_trigger({"podSelector": "app=vllm", "minCoverage": "0.5"}, "serve")
+    measured = measure(spec, snapshot, NOW)
+    assert "node-a GPU 9 (node-a/GPU-node-a-9) is lost: fell off the bus" in measured.coverage

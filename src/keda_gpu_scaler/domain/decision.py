@@ -39,6 +39,7 @@ from keda_gpu_scaler.domain.snapshot import (
     PodIndex,
     PodKey,
     Snapshot,
+    node_of,
     stale_limit_s,
 )
 from keda_gpu_scaler.domain.trigger import TriggerSpec
@@ -355,8 +356,8 @@ def _groups(devices: list[DeviceState]) -> tuple[Group, ...]:
     """Selected devices by node (in node order), each node's by NVML index."""
     by_node: dict[str, list[DeviceKey]] = {}
     for device in sorted(devices, key=_by_index):
-        node = device.reading.node if device.reading is not None else ""
-        by_node.setdefault(node, []).append(device.key)
+        # By its key, not its reading: a device lost before it was read has none.
+        by_node.setdefault(node_of(device.key), []).append(device.key)
     return tuple((node, tuple(keys)) for node, keys in sorted(by_node.items()))
 
 

@@ -59,7 +59,8 @@ class DeviceState(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     def label(self) -> str:
         """``GPU 0``, or ``MIG 0:7`` for GPU 0's GPU instance 7: how explanations name it."""
         r = self.reading
-        node = f"{r.node} " if r is not None and r.node else ""
+        node = node_of(self.key)  # from the key: a device lost before it was read has no reading
+        node = f"{node} " if node else ""
         if r is None or not r.is_mig_instance():
             return f"{node}GPU {self.index}"
         return f"{node}MIG {r.parent_index}:{r.gpu_instance_id}"
