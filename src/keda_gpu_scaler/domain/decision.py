@@ -39,6 +39,7 @@ from keda_gpu_scaler.domain.snapshot import (
     PodIndex,
     PodKey,
     Snapshot,
+    by_index,
     node_of,
     stale_limit_s,
 )
@@ -190,12 +191,12 @@ def _select(
         if part is not None and part.view is one:
             groups.append((name, part.keys))
             continue
-        chosen = _chosen(spec, sorted(one.devices.values(), key=_by_index))
+        chosen = _chosen(spec, sorted(one.devices.values(), key=by_index))
         if chosen:
             groups.append((name, tuple(d.key for d in chosen)))
     if not groups:
         devices = [d for _, v in views for d in v.devices.values()]
-        raise NoData(_nothing_selected(spec, sorted(devices, key=_by_index)))
+        raise NoData(_nothing_selected(spec, sorted(devices, key=by_index)))
     return tuple(groups), basis
 
 
@@ -221,10 +222,6 @@ def _nothing_selected(spec: TriggerSpec, devices: list[DeviceState]) -> str:
         return "MIG is enabled on every GPU of this node and no MIG instance exists"
     known = ", ".join(sorted({str(d.index) for d in devices}, key=int))
     return f"no GPU with gpuIndex {spec.gpu_index} on this node (GPUs: {known})"
-
-
-def _by_index(device: DeviceState) -> tuple[int, str]:
-    return device.index, device.key
 
 
 def _why_missing(device: DeviceState, now: float) -> str | None:
@@ -355,7 +352,7 @@ def _node_part(
 def _groups(devices: list[DeviceState]) -> tuple[Group, ...]:
     """Selected devices by node (in node order), each node's by NVML index."""
     by_node: dict[str, list[DeviceKey]] = {}
-    for device in sorted(devices, key=_by_index):
+    for device in sorted(devices, key=by_index):
         # By its key, not its reading: a device lost before it was read has none.
         by_node.setdefault(node_of(device.key), []).append(device.key)
     return tuple((node, tuple(keys)) for node, keys in sorted(by_node.items()))

@@ -246,7 +246,7 @@ class Snapshot(msgspec.Struct, frozen=True, kw_only=True, gc=False):
 
     def ordered_devices(self) -> list[DeviceState]:
         """Devices by NVML index, the order nvidia-smi shows."""
-        return sorted(self.all_devices(), key=_by_index)
+        return sorted(self.all_devices(), key=by_index)
 
     def readiness(self, now: float) -> tuple[bool, str]:
         """Ready while at least one device has a fresh reading; the reason says why not."""
@@ -267,7 +267,8 @@ class Snapshot(msgspec.Struct, frozen=True, kw_only=True, gc=False):
         return any(not d.is_lost() and not d.is_stale(now) for d in self.all_devices())
 
 
-def _by_index(device: DeviceState) -> tuple[int, str]:
+def by_index(device: DeviceState) -> tuple[int, str]:
+    """The order of devices nvidia-smi shows: by NVML index (then key)."""
     return device.index, device.key
 
 

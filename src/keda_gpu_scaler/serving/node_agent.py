@@ -66,8 +66,6 @@ DEFAULT_SAMPLE_PERIOD_S = 1.0
 """The period an identity names before the agent has any reading."""
 MIN_HEARTBEAT_S = 1.0
 
-"""The :class:`GpuReading` fields that may be absent, each an ``optional`` proto field."""
-
 
 def sample_period_s(snapshot: Snapshot) -> float:
     """The shortest period of the readings the agent has (its GPU sampler's), or the default."""

@@ -277,8 +277,8 @@ def _reading(device: DeviceMessage, node: str, source: str, received_at: float) 
         index=device.index,
         uuid=device.uuid,
         name=device.name,
-        taken_at=received_at - _age(device.age_s, f"{device.key}'s age_s"),
-        period_s=_positive(device.period_s, f"{device.key}'s period_s"),
+        taken_at=received_at - _age(device.age_s, "age_s", of=device.key),
+        period_s=_positive(device.period_s, "period_s", of=device.key),
         mig_enabled=device.mig_enabled,
         node=node,
         **present,
@@ -309,13 +309,19 @@ def _check_key(key: str, seen: set[str]) -> None:
     seen.add(key)
 
 
-def _age(value: float, what: str) -> float:
+def _age(value: float, what: str, *, of: str = "") -> float:
+    """``value`` if it is an age in seconds; ``what`` (of device ``of``) names it otherwise,
+    worded only then: every device of every update passes here."""
     if not (math.isfinite(value) and value >= 0):
-        raise BadUpdate(f"{what} {value!r} is not a number of seconds >= 0")
+        raise BadUpdate(f"{_whose(what, of)} {value!r} is not a number of seconds >= 0")
     return value
 
 
-def _positive(value: float, what: str) -> float:
+def _positive(value: float, what: str, *, of: str = "") -> float:
     if not (math.isfinite(value) and value > 0):
-        raise BadUpdate(f"{what} {value!r} is not a positive number of seconds")
+        raise BadUpdate(f"{_whose(what, of)} {value!r} is not a positive number of seconds")
     return value
+
+
+def _whose(what: str, of: str) -> str:
+    return f"{of}'s {what}" if of else what
