@@ -731,6 +731,7 @@ def test_the_pod_set_says_what_changed_and_keeps_the_resume_point() -> None:
     assert pods.apply(Upsert(a, "12")) is False
     relabelled = PodInfo(namespace="ml", name="a", labels={"app": "y"}, phase="Running")
     assert pods.apply(Upsert(relabelled, "13")) is True
+    assert pods.pods() == (b, relabelled)  # the sorted set is kept only until a change
     assert pods.apply(Bookmark("20")) is False
     assert pods.resource_version == "20"
     assert pods.apply(Delete(b, "21")) is True

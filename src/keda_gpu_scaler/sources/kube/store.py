@@ -31,6 +31,8 @@ class Store(Generic[T]):
     def __init__(self, key: Callable[[T], Key]) -> None:
         self._key = key
         self._items: dict[Key, T] = {}
+        self._sorted: tuple[T, ...] | None = None
+        """``items()`` until the next change: a watch publishes the whole set per event."""
         self.resource_version: str | None = None
         """Where the next watch starts; None until a list succeeded."""
 
@@ -43,6 +45,8 @@ class Store(Generic[T]):
         changed = listed != self._items
         self._items = listed
         self.resource_version = resource_version
+        if changed:
+            self._sorted = None
         return changed
 
     def apply(self, event: Upsert[T] | Delete[T] | Bookmark) -> bool:
@@ -53,9 +57,12 @@ class Store(Generic[T]):
             return False
         key = self._key(event.item)
         if isinstance(event, Delete):
-            return self._items.pop(key, None) is not None
-        changed = self._items.get(key) != event.item
-        self._items[key] = event.item
+            changed = self._items.pop(key, None) is not None
+        else:
+            changed = self._items.get(key) != event.item
+            self._items[key] = event.item
+        if changed:
+            self._sorted = None
         return changed
 
     def forget_position(self) -> None:
@@ -63,8 +70,10 @@ class Store(Generic[T]):
         self.resource_version = None
 
     def items(self) -> tuple[T, ...]:
-        """The objects, sorted by key."""
-        return tuple(self._items[key] for key in sorted(self._items))
+        """The objects, sorted by key (sorted once per change)."""
+        if self._sorted is None:
+            self._sorted = tuple(self._items[key] for key in sorted(self._items))
+        return self._sorted
 
 
 class Pacing:
