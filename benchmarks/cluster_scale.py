@@ -29,6 +29,10 @@ Per agent count, printed side by side and written as JSON:
   ``time.monotonic()`` at which the agent sent the sample (both processes share the clock).
   The sample goes out at the agent's next tick, up to one sample period after the flip; that
   wait is not counted.
+- **gc**: the scaler's garbage collections from the start of steady state to the end of the
+  GetMetrics calls, per generation (count, median and longest pause, wall-clock, so a pause
+  includes any time the process was not scheduled), recorded by a ``gc.callbacks`` probe
+  this script puts on the scaler's ``PYTHONPATH`` as ``sitecustomize``.
 
 Usage: python benchmarks/cluster_scale.py [--agents 10,100,1000] [--seconds 20] [--json OUT]
 """
@@ -397,7 +401,60 @@ class Result:
     error_samples: list[str] = field(default_factory=list)
     reaction_ms: dict[str, float] = field(default_factory=dict)
     reaction_missed: int = 0
+    gc_pauses: dict[str, dict[str, float]] = field(default_factory=dict)
+    """The scaler's garbage collections from steady state to the end of the GetMetrics
+    calls, per generation: count, median and max wall ms (a pause includes any time the
+    process was not scheduled)."""
     note: str = ""
+
+
+_GC_PROBE = """
+import gc, json, os, time
+_out = os.environ.get("CLUSTER_SCALE_GC_OUT")
+if _out:
+    _log, _start, _dumped = [], [0.0], [0.0]
+    def _probe(phase, info):
+        now = time.monotonic()
+        if phase == "start":
+            _start[0] = now
+            return
+        _log.append((now, info["generation"], (now - _start[0]) * 1e3))
+        if now - _dumped[0] > 0.5:
+            _dumped[0] = now
+            with open(_out + ".tmp", "w") as f:
+                json.dump(_log, f)
+            os.replace(_out + ".tmp", _out)
+    gc.callbacks.append(_probe)
+"""
+
+
+def _gc_probe(workdir: Path) -> Path:
+    """A ``sitecustomize`` that records the scaler's collections (``gc.callbacks``), for the
+    scaler's PYTHONPATH; it records only where ``CLUSTER_SCALE_GC_OUT`` names a file."""
+    folder = workdir / "gcprobe"
+    folder.mkdir(exist_ok=True)
+    (folder / "sitecustomize.py").write_text(_GC_PROBE)
+    return folder
+
+
+def _gc_summary(path: Path, start: float, end: float) -> dict[str, dict[str, float]]:
+    try:
+        log = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+    pauses: dict[str, list[float]] = {}
+    for at, generation, ms in log:
+        if start <= at <= end:
+            pauses.setdefault(f"gen{generation}", []).append(ms)
+    summary = {}
+    for generation, values in sorted(pauses.items()):
+        values.sort()
+        summary[generation] = {
+            "n": len(values),
+            "median_ms": round(values[len(values) // 2], 2),
+            "max_ms": round(values[-1], 2),
+        }
+    return summary
 
 
 def _free_port() -> int:
@@ -451,7 +508,14 @@ def run_one(count: int, seconds: float, pb2_dir: Path, workdir: Path) -> Result:
 
     ports = from_loadgen.readline().strip().split(",")
     port = _free_port()
-    env = {**os.environ, "KUBECONFIG": str(kubeconfig)}
+    gc_out = workdir / f"gc-{count}.json"
+    path = os.pathsep.join(p for p in (str(_gc_probe(workdir)), os.environ.get("PYTHONPATH")) if p)
+    env = {
+        **os.environ,
+        "KUBECONFIG": str(kubeconfig),
+        "PYTHONPATH": path,
+        "CLUSTER_SCALE_GC_OUT": str(gc_out),
+    }
     log = (workdir / f"scaler-{count}.log").open("w")
     started = time.monotonic()
     scaler = subprocess.Popen(
@@ -517,6 +581,7 @@ def run_one(count: int, seconds: float, pb2_dir: Path, workdir: Path) -> Result:
         result.selected_devices = min(count, WORKLOAD_AGENTS) * GPUS
         time.sleep(3.0)  # settle after start-up
         cpu0, load0, wall0 = _proc_cpu_s(scaler.pid), float(ask("cpu")), time.monotonic()
+        steady_from = wall0
         time.sleep(seconds)
         cpu1, load1, wall1 = _proc_cpu_s(scaler.pid), float(ask("cpu")), time.monotonic()
         result.cpu_share = round((cpu1 - cpu0) / (wall1 - wall0), 4)
@@ -543,6 +608,9 @@ def run_one(count: int, seconds: float, pb2_dir: Path, workdir: Path) -> Result:
             else:
                 result.getmetrics_all_ms = _summary(latencies)
             print(f"{count} agents: GetMetrics {name} {_summary(latencies)}", flush=True)
+        time.sleep(1.0)  # the probe writes its record twice a second
+        result.gc_pauses = _gc_summary(gc_out, steady_from, time.monotonic() - 1.0)
+        print(f"{count} agents: gc pauses {result.gc_pauses}", flush=True)
         result.reaction_ms, result.reaction_missed = _reaction(pb2, stub, ask, flip_node)
         channel.close()
     finally:
@@ -596,6 +664,13 @@ def _reaction(pb2: Any, stub: Any, ask: Any, node: str) -> tuple[dict[str, float
     return _summary(reactions), missed
 
 
+def _gc(result: Result, generation: str) -> str:
+    pause = result.gc_pauses.get(generation)
+    if pause is None:
+        return "-"
+    return f"{pause['n']:.0f} / {pause['median_ms']:.1f} / {pause['max_ms']:.0f} ms"
+
+
 def _table(results: list[Result]) -> str:
     def ms(d: dict[str, float], key: str) -> str:
         return f"{d[key]:.2f} ms" if key in d else "-"
@@ -616,6 +691,10 @@ def _table(results: list[Result]) -> str:
         ("reaction p99", [ms(r.reaction_ms, "p99") for r in results]),
         ("reaction max", [ms(r.reaction_ms, "max") for r in results]),
         ("reaction missed", [str(r.reaction_missed) for r in results]),
+        *(
+            (f"gc {g} n / median / max", [_gc(r, g) for r in results])
+            for g in ("gen0", "gen1", "gen2")
+        ),
     ]
     lines = [f"{name:30}" + "".join(f"{v:>18}" for v in values) for name, values in rows]
     lines += [f"note ({r.agents} agents): {r.note}" for r in results if r.note]
