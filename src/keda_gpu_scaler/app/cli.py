@@ -5,12 +5,13 @@ Every flag can also be set from an environment variable, named in its help text.
 
 from __future__ import annotations
 
+from keda_gpu_scaler.domain.names import is_node_name
+
 try:
     import argparse
     import ipaddress
     import logging
     import os
-    import re
     import signal
     import sys
     from collections.abc import Callable, Sequence
@@ -103,12 +104,11 @@ def _pod_namespaces(text: str) -> str:
 
 def _node_name(text: str) -> str:
     name = text.strip()
-    if name and not _NODE_NAME.fullmatch(name):
+    if name and not is_node_name(name):
         raise argparse.ArgumentTypeError(f"not a node name: {text!r} (RFC 1123 subdomain)")
     return name
 
 
-_NODE_NAME = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
 DEFAULT_POD_RESOURCES_SOCKET = "/var/lib/kubelet/pod-resources/kubelet.sock"
 
 

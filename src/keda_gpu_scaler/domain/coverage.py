@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING
 
 from keda_gpu_scaler.domain.aggregation import Aggregation
 from keda_gpu_scaler.domain.errors import InvalidTrigger
+from keda_gpu_scaler.domain.names import is_node_name
 
 if TYPE_CHECKING:
     from keda_gpu_scaler.domain.trigger import TriggerSpec
@@ -76,7 +77,6 @@ def refusal(how: Aggregation, coverage: Coverage, min_coverage: float) -> str | 
 
 
 _NUMBER = re.compile(r"(?:\d+(?:\.\d*)?|\.\d+)")
-_NODE = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
 
 
 def parse_min_coverage(raw: str) -> float:
@@ -89,7 +89,7 @@ def parse_min_coverage(raw: str) -> float:
 
 def parse_node_name(raw: str) -> str:
     """``nodeName``: a Kubernetes node name (RFC 1123 subdomain)."""
-    if len(raw) > 253 or not _NODE.fullmatch(raw):
+    if not is_node_name(raw):
         raise InvalidTrigger("nodeName", raw, "must be a node name (RFC 1123 subdomain)")
     return raw
 

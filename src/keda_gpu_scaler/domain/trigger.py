@@ -49,6 +49,7 @@ from keda_gpu_scaler.domain.coverage import (
 from keda_gpu_scaler.domain.endpoints import endpoint_refusal
 from keda_gpu_scaler.domain.engines import Discovery, EngineTarget
 from keda_gpu_scaler.domain.errors import InvalidTrigger
+from keda_gpu_scaler.domain.names import is_namespace
 from keda_gpu_scaler.domain.profiles import PROFILES
 from keda_gpu_scaler.domain.samples import GpuReading
 from keda_gpu_scaler.domain.selector import LabelSelector, parse_selector
@@ -159,7 +160,6 @@ _FLOAT = re.compile(r"[+-]?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][+-]?\d+)?")
 _NON_FINITE = re.compile(r"[+-]?(?:inf|infinity|nan)", re.IGNORECASE)
 _INT = re.compile(r"[+-]?\d+")
 _NAME_BAD_CHARS = re.compile(r"[^a-z0-9_-]")
-_NAMESPACE = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
 _MIG_UUID = re.compile(r"MIG-[0-9A-Za-z/-]+")
 _MIG_IDS = re.compile(r"(\d+):(\d+)(?::(\d+))?")
 _MIG_FORMAT = (
@@ -413,7 +413,7 @@ def _parse_pods(
     metadata: Mapping[str, str], namespace: str, spec: TriggerSpec, warnings: list[str]
 ) -> TriggerSpec:
     raw_namespace = _lookup(metadata, "podNamespace") or None  # empty: the default
-    if raw_namespace is not None and not _NAMESPACE.fullmatch(raw_namespace):
+    if raw_namespace is not None and not is_namespace(raw_namespace):
         raise InvalidTrigger(
             "podNamespace", raw_namespace, "must be a namespace name (RFC 1123 label)"
         )

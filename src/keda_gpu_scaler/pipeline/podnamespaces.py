@@ -20,10 +20,11 @@ list and watch on pods cluster-wide, as the cluster overlay's ClusterRole grants
 from __future__ import annotations
 
 import logging
-import re
 from collections.abc import Iterable
 
 import anyio
+
+from keda_gpu_scaler.domain.names import is_namespace
 
 log = logging.getLogger(__name__)
 
@@ -32,8 +33,6 @@ MAX_POD_NAMESPACES = 1024
 
 TRIGGERS = "triggers"
 ALL = "all"
-
-_NAMESPACE = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
 
 
 class PodNamespaces:
@@ -69,7 +68,7 @@ class PodNamespaces:
         if not chosen:
             raise ValueError("no namespace given")
         for name in sorted(chosen):
-            if not _NAMESPACE.fullmatch(name):
+            if not is_namespace(name):
                 raise ValueError(f"{name!r} is not a namespace name (RFC 1123 label)")
         if len(chosen) > MAX_POD_NAMESPACES:
             raise ValueError(
@@ -120,7 +119,7 @@ class PodNamespaces:
         names = self._names
         if not self._on_demand or names is None or namespace in names:
             return
-        if not _NAMESPACE.fullmatch(namespace):
+        if not is_namespace(namespace):
             return
         if len(names) >= self._limit:
             log.warning(

@@ -16,6 +16,7 @@ import ipaddress
 import re
 from dataclasses import dataclass
 
+from keda_gpu_scaler.domain.names import is_namespace, is_service_name
 from keda_gpu_scaler.domain.samples import AgentTarget
 
 USAGE = "endpoints:NAMESPACE/SERVICE:PORT, dns:HOST:PORT or static:HOST:PORT[,HOST:PORT...]"
@@ -51,8 +52,6 @@ class StaticAgents:
 
 AgentsSpec = EndpointsAgents | DnsAgents | StaticAgents
 
-_DNS_1123_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")
-_DNS_1035_LABEL = re.compile(r"[a-z]([-a-z0-9]*[a-z0-9])?")
 _PORT_NAME = re.compile(r"[a-z0-9-]{1,15}")
 _HOST_LABEL = re.compile(r"[A-Za-z0-9]([-A-Za-z0-9]{0,61}[A-Za-z0-9])?")
 
@@ -85,7 +84,7 @@ def _endpoints(rest: str, text: str) -> EndpointsAgents:
 
 
 def check_namespace(namespace: str, where: str) -> None:
-    if len(namespace) > 63 or not _DNS_1123_LABEL.fullmatch(namespace):
+    if not is_namespace(namespace):
         raise ValueError(
             f"{where}: namespace {namespace!r} is not a namespace name (lowercase letters, "
             "digits and '-', not at either end; at most 63)"
@@ -93,7 +92,7 @@ def check_namespace(namespace: str, where: str) -> None:
 
 
 def check_service(service: str, where: str) -> None:
-    if len(service) > 63 or not _DNS_1035_LABEL.fullmatch(service):
+    if not is_service_name(service):
         raise ValueError(
             f"{where}: service {service!r} is not a Service name (a lowercase letter, then "
             "lowercase letters, digits and '-', not '-' at the end; at most 63)"

@@ -52,7 +52,6 @@ from __future__ import annotations
 
 import logging
 import random
-import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
@@ -63,6 +62,7 @@ from anyio.streams.memory import MemoryObjectSendStream
 
 from keda_gpu_scaler.domain.backoff import Backoff
 from keda_gpu_scaler.domain.errors import SourceUnavailable
+from keda_gpu_scaler.domain.names import is_namespace, is_node_name
 from keda_gpu_scaler.domain.samples import (
     PODS_SOURCE,
     PodInfo,
@@ -102,9 +102,6 @@ PERIOD_S = 10.0
 DEFAULT_REFRESH_S = 1.0
 
 log = logging.getLogger(__name__)
-
-_NODE_NAME = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
-_NAMESPACE = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")
 
 
 class NamespaceDemand(Protocol):
@@ -190,7 +187,7 @@ class PodWatcher:
     ) -> None:
         if not node_name:
             raise ValueError("the pod watch needs this node's name (--node-name or NODE_NAME)")
-        if len(node_name) > 253 or not _NODE_NAME.fullmatch(node_name):
+        if not is_node_name(node_name):
             raise ValueError(f"node name {node_name!r} is not a Kubernetes node name")
         resource = _pods_resource("pods", ("fieldSelector", f"spec.nodeName={node_name}"))
         self._setup(
@@ -475,7 +472,7 @@ def _scopes_for(names: frozenset[str] | None, *, watched: Iterable[str]) -> list
     return [
         _Scope(ns, _pods_resource(f"namespaces/{ns}/pods", None), {"namespace": ns})
         for ns in sorted(names - have)
-        if _is_namespace(ns)  # a demand's other names name no pods (and no path)
+        if is_namespace(ns)  # a demand's other names name no pods (and no path)
     ]
 
 
@@ -504,10 +501,6 @@ def _namespaces(namespaces: Sequence[str]) -> list[str]:
     if not names:
         raise ValueError("the pod watch needs at least one namespace (or None for all of them)")
     for ns in names:
-        if not isinstance(ns, str) or not _is_namespace(ns):
+        if not isinstance(ns, str) or not is_namespace(ns):
             raise ValueError(f"namespace {ns!r} is not a Kubernetes namespace name")
     return sorted(set(names))
-
-
-def _is_namespace(name: str) -> bool:
-    return len(name) <= 63 and _NAMESPACE.fullmatch(name) is not None
