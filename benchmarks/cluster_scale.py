@@ -696,7 +696,7 @@ def _table(results: list[Result]) -> str:
             for g in ("gen0", "gen1", "gen2")
         ),
     ]
-    lines = [f"{name:30}" + "".join(f"{v:>18}" for v in values) for name, values in rows]
+    lines = [f"{name:30}" + "".join(f"{v:>20}" for v in values) for name, values in rows]
     lines += [f"note ({r.agents} agents): {r.note}" for r in results if r.note]
     return "\n".join(lines)
 
