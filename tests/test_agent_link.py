@@ -56,6 +56,8 @@ from keda_gpu_scaler.sources.agents import (
     StreamReader,
     build_agent_client_context,
 )
+from keda_gpu_scaler.sources.agents.codec import decode_update
+from keda_gpu_scaler.sources.agents.link import _Watchdog
 from keda_gpu_scaler.sources.fake import FakeGpuSource
 from keda_gpu_scaler.testing import open_test_pipeline
 from tests.fake_agent import (
@@ -125,6 +127,28 @@ def test_readings_get_node_qualified_keys_and_dates_on_the_receivers_clock() -> 
     assert reading.taken_at == received_at - 0.25
     assert (reading.gpu_utilization, reading.memory_used_bytes) == (0.0, 7)
     assert reading.power_mw is None and reading.parent_index is None  # absent stays absent
+
+
+@pytest.mark.parametrize("decoded", [False, True], ids=["generated", "codec"])
+def test_a_nan_or_an_infinity_is_no_reading_and_the_rest_is_kept(decoded: bool) -> None:
+    update = _readings(
+        _device(
+            gpu_utilization=math.nan,
+            power_mw=-math.inf,
+            sm_active=12.5,
+            memory_used_bytes=7,
+            parent_uuid="GPU-parent",
+            parent_index=0,
+        )
+    )
+    message: Any = decode_update(bytes(update)) if decoded else update
+    [batch] = _identified().receive(message, 10.0)
+    assert isinstance(batch, Batch)
+    [reading] = batch.samples
+    assert isinstance(reading, GpuReading)
+    assert (reading.gpu_utilization, reading.power_mw) == (None, None)
+    assert (reading.sm_active, reading.memory_used_bytes) == (12.5, 7)
+    assert (reading.parent_uuid, reading.parent_index, reading.node) == ("GPU-parent", 0, NODE)
 
 
 def test_lost_devices_faults_and_attribution_become_their_samples() -> None:
@@ -445,7 +469,9 @@ async def test_an_agent_that_accepts_and_never_answers_is_dropped_and_retried(
 
 
 @pytest.mark.anyio
-async def test_an_agent_that_hangs_mid_stream_goes_stale_and_is_reconnected() -> None:
+async def test_an_agent_that_hangs_mid_stream_goes_stale_and_is_reconnected(
+    link_logs: pytest.LogCaptureFixture,
+) -> None:
     # Identity promising a message every 0.05 s, one reading already 0.8 s old, then silence.
     old = _device("GPU-a", age_s=0.8, period_s=0.05, gpu_utilization=10.0)
     key = DeviceKey("gpu-node-1/GPU-a")
@@ -465,6 +491,20 @@ async def test_an_agent_that_hangs_mid_stream_goes_stale_and_is_reconnected() ->
         await wait_until(lambda: agent.streams == 2)
         state = cluster.hub.current.sources["agent/gpu-node-1"]
         assert state.faults == 1
+        assert _failing_logs(link_logs)[0] == "no message for 0.3 s (hung?)"
+
+
+@pytest.mark.anyio
+async def test_the_silence_watchdog_counts_only_waits_for_a_message() -> None:
+    # A link blocked handing samples over (the aggregator's channel full) is not silent.
+    with anyio.CancelScope() as scope:
+        watchdog = _Watchdog(scope, 0.02)
+        await anyio.sleep(0.1)
+        assert not scope.cancel_called
+        watchdog.waiting_since = anyio.current_time()
+        await anyio.sleep(5)  # cancelled 0.02 s into the wait
+    assert scope.cancelled_caught
+    watchdog.stop()
 
 
 # --- garbage --------------------------------------------------------------------------------------

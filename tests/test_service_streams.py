@@ -7,6 +7,7 @@ from contextlib import asynccontextmanager
 
 import anyio
 import pytest
+import trio
 from trio.testing import MockClock
 
 from keda_gpu_scaler.serving._proto.externalscaler import GetMetricsRequest, ScaledObjectRef
@@ -171,3 +172,39 @@ async def _collect_ref(
 ) -> None:
     async for message in service.stream_is_active(ref):
         into.append((anyio.current_time(), message.result))
+
+
+class _DriverSteps(trio.abc.Instrument):
+    """Counts the steps of the stream registry's driver task."""
+
+    def __init__(self) -> None:
+        self.steps = 0
+
+    def before_task_step(self, task: trio.lowlevel.Task) -> None:
+        if "StreamRegistry.run" in task.name:
+            self.steps += 1
+
+
+@pytest.mark.trio
+async def test_with_no_stream_open_the_driver_sleeps_through_snapshots(
+    autojump_clock: MockClock,
+) -> None:
+    # A cluster scaler publishes a hundred snapshots a second; a driver with nothing to judge
+    # must not wake for each.
+    source = FakeGpuSource(1, period_s=0.1)
+    source.set(0, gpu_utilization=50.0)
+    steps = _DriverSteps()
+    async with open_test_service(source) as served:
+        trio.lowlevel.add_instrument(steps)
+        first = served.pipeline.hub.current.version
+        await anyio.sleep(10)
+        assert served.pipeline.hub.current.version - first >= 90
+        assert steps.steps <= 2
+        # A stream opened now is still served at once.
+        got: Messages = []
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(_collect, served.service, {"activationThreshold": "10"}, got)
+            await anyio.sleep(0.5)
+            tg.cancel_scope.cancel()
+        trio.lowlevel.remove_instrument(steps)
+    assert [active for _, active in got] == [True]

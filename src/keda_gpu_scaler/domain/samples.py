@@ -19,7 +19,7 @@ DeviceKey = NewType("DeviceKey", str)
 an instance, which is unique where the instance's ordinal is not)."""
 
 
-class GpuReading(msgspec.Struct, frozen=True, kw_only=True, tag="gpu", omit_defaults=True):
+class GpuReading(msgspec.Struct, frozen=True, tag="gpu", omit_defaults=True):
     """One reading of one GPU at one instant (``taken_at``, anyio clock seconds)."""
 
     source: str

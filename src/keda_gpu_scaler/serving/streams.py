@@ -231,7 +231,10 @@ class StreamRegistry:
                     await anyio.lowlevel.checkpoint()
                 else:
                     with anyio.CancelScope(deadline=self._next_deadline()) as self._sleep:
-                        await self._hub.wait_newer(version)
+                        if self._groups:
+                            await self._hub.wait_newer(version)
+                        else:  # no stream: nothing to judge until one opens
+                            await anyio.sleep_forever()
                     self._sleep = None
                 snapshot = self._hub.current
                 version = snapshot.version

@@ -24,7 +24,9 @@ runs on asyncio only.
 
 from __future__ import annotations
 
+import asyncio
 import logging
+import math
 import ssl
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -210,22 +212,34 @@ class AgentLink:
                 update = await self._recv(stream)
             if opening.cancelled_caught:
                 raise LinkFailed(f"no identity within {self.min_idle_s:g} s (hung?)")
-            while update is not None:
-                received_at = anyio.current_time()
-                samples = reader.receive(update, received_at)
-                if update.identity is not None:
-                    self._streaming(reader)
-                for sample in samples:
-                    if self._gate(sample):
-                        await send.send(sample)
-                if update.readings is not None:
-                    self._counts.updates += 1
-                    self._counts.last_update_at = received_at
-                idle_s = max(IDLE_HEARTBEATS * (reader.heartbeat_s or 0.0), self.min_idle_s)
-                with anyio.move_on_after(idle_s) as waiting:
-                    update = await self._recv(stream)
-                if waiting.cancelled_caught:
-                    raise LinkFailed(f"no message for {idle_s:g} s (hung?)")
+            if update is None:  # ended before a word: its status says why
+                await stream.recv_trailing_metadata()
+                return
+            received_at = anyio.current_time()
+            samples = reader.receive(update, received_at)  # the identity, or refused
+            self._streaming(reader)
+            idle_s = max(IDLE_HEARTBEATS * (reader.heartbeat_s or 0.0), self.min_idle_s)
+            with anyio.CancelScope() as silence:
+                watchdog = _Watchdog(silence, idle_s)
+                try:
+                    while True:
+                        for sample in samples:
+                            if self._gate(sample):
+                                await send.send(sample)
+                        if update.readings is not None:
+                            self._counts.updates += 1
+                            self._counts.last_update_at = received_at
+                        watchdog.waiting_since = anyio.current_time()
+                        update = await self._recv(stream)
+                        watchdog.waiting_since = math.inf
+                        if update is None:
+                            break
+                        received_at = anyio.current_time()
+                        samples = reader.receive(update, received_at)
+                finally:
+                    watchdog.stop()
+            if silence.cancelled_caught:
+                raise LinkFailed(f"no message for {idle_s:g} s (hung?)")
             await stream.recv_trailing_metadata()  # raises GRPCError unless the status is OK
 
     async def _recv(self, stream: ClientStream[Any, Any]) -> NodeUpdate | None:
@@ -295,6 +309,41 @@ class AgentLink:
 
 def _every(sample: Sample) -> bool:
     return True
+
+
+class _Watchdog:
+    """Cancels ``scope`` once a wait for the next message has lasted ``idle_s``.
+
+    One loop timer per ``idle_s`` (seconds) instead of a cancel scope and a timer per message,
+    which a thousand links a second would pay for. Only a wait counts: ``waiting_since`` is
+    set before each receive and cleared after it, so a hand-over that blocks is not silence.
+    grpclib runs on asyncio only, so the timer is the asyncio loop's.
+    """
+
+    __slots__ = ("_handle", "_idle_s", "_loop", "_scope", "waiting_since")
+
+    def __init__(self, scope: anyio.CancelScope, idle_s: float) -> None:
+        self._scope = scope
+        self._idle_s = idle_s
+        self._loop = asyncio.get_running_loop()
+        self.waiting_since = math.inf
+        self._handle: asyncio.TimerHandle | None = self._loop.call_at(
+            self._loop.time() + idle_s, self._check
+        )
+
+    def _check(self) -> None:
+        silent_until = self.waiting_since + self._idle_s
+        if self._loop.time() >= silent_until:
+            self._handle = None
+            self._scope.cancel()
+            return
+        due = min(silent_until, self._loop.time() + self._idle_s)
+        self._handle = self._loop.call_at(due, self._check)
+
+    def stop(self) -> None:
+        if self._handle is not None:
+            self._handle.cancel()
+            self._handle = None
 
 
 async def _recv_initial_metadata(stream: ClientStream[Any, Any]) -> None:

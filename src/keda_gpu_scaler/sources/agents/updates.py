@@ -25,13 +25,14 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from math import isfinite
-from typing import Any, Protocol, TypeVar
+from typing import Protocol, TypeVar
+
+from msgspec.structs import astuple
 
 from keda_gpu_scaler.domain.agents import attribution_source, readings_source
 from keda_gpu_scaler.domain.errors import SourceFailure
 from keda_gpu_scaler.domain.samples import (
     FLOAT_READINGS,
-    OPTIONAL_READINGS,
     POD_RESOURCES_SOURCE,
     Batch,
     DeviceHolder,
@@ -41,6 +42,7 @@ from keda_gpu_scaler.domain.samples import (
     PodResourcesReading,
     SourceFault,
 )
+from keda_gpu_scaler.sources.agents import codec
 
 __all__ = [
     "BadUpdate",
@@ -51,6 +53,7 @@ __all__ = [
 ]
 
 _FLOATS = frozenset(FLOAT_READINGS)
+_MEMORY = ("memory_used_bytes", "memory_total_bytes", "memory_reserved_bytes")
 # Kubernetes node names are RFC 1123 subdomains; an agent falling back to its host name may
 # send capitals or underscores. Never "/", which separates the node from the key.
 _NODE_NAME = re.compile(r"[A-Za-z0-9]([-A-Za-z0-9_.]{0,251}[A-Za-z0-9])?")
@@ -263,26 +266,39 @@ class StreamReader:
         )
 
 
+# A decoded device's values are GpuReading's fields in GpuReading's order, but for the first
+# few: the reading is built from them positionally (checked here, once).
+_DEVICE_FIELDS = codec.DeviceReading.__struct_fields__
+_READINGS = slice(_DEVICE_FIELDS.index("period_s") + 1, None)
+"""The readings and the MIG fields."""
+_NUMBERS = slice(_READINGS.start, _DEVICE_FIELDS.index("mig_enabled"))
+"""The numeric readings: floats, and the memory sizes."""
+_POSITIONAL = ("source", *_DEVICE_FIELDS[:4], "taken_at", "period_s")
+if GpuReading.__struct_fields__ != (*_POSITIONAL, *_DEVICE_FIELDS[_READINGS], "node") or not (
+    set(_DEVICE_FIELDS[_NUMBERS]) <= _FLOATS | set(_MEMORY)
+):  # pragma: no cover - a field added to one and not the other
+    raise ImportError("GpuReading's fields and the WatchNode DeviceReading's are out of order")
+
+
 def _reading(device: DeviceMessage, node: str, source: str, received_at: float) -> GpuReading:
-    # Only the readings present are passed (an absent one is the default, None), and a NaN
-    # or an infinity is no reading: a thousand agents' devices a second go through here.
-    present: dict[str, Any] = {}
-    for name in OPTIONAL_READINGS:
-        value = getattr(device, name)
-        if value is not None and (name not in _FLOATS or isfinite(value)):
-            present[name] = value
-    return GpuReading(
-        source=source,
-        key=DeviceKey(f"{node}/{device.key}"),
-        index=device.index,
-        uuid=device.uuid,
-        name=device.name,
-        taken_at=received_at - _age(device.age_s, "age_s", of=device.key),
-        period_s=_positive(device.period_s, "period_s", of=device.key),
-        mig_enabled=device.mig_enabled,
-        node=node,
-        **present,
+    # A thousand agents' devices a second go through here. A NaN or an infinity is no reading.
+    if type(device) is codec.DeviceReading:
+        values = astuple(device)
+    else:  # a generated message (the node agent's own classes)
+        values = tuple(getattr(device, name) for name in _DEVICE_FIELDS)
+    readings = values[_READINGS]
+    if not isfinite(sum(filter(None, values[_NUMBERS]))):  # one is not finite (or all huge)
+        readings = tuple(None if isinstance(v, float) and not isfinite(v) else v for v in readings)
+    first = (
+        source,
+        DeviceKey(f"{node}/{device.key}"),
+        device.index,
+        device.uuid,
+        device.name,
+        received_at - _age(device.age_s, "age_s", of=device.key),
+        _positive(device.period_s, "period_s", of=device.key),
     )
+    return GpuReading(*(first + readings + (node,)))
 
 
 def _holders(attribution: AttributionMessage) -> tuple[DeviceHolder, ...]:
