@@ -22,6 +22,7 @@ import pytest
 
 from keda_gpu_scaler._proto_agent.kedagpuscaler import v1 as proto
 from keda_gpu_scaler.domain.samples import (
+    FLOAT_READINGS,
     DeviceHolder,
     DeviceKey,
     GpuReading,
@@ -596,3 +597,60 @@ def test_a_table_that_leaves_out_a_field_or_repeats_a_scalar_is_refused() -> Non
     repeated = (codec.Field(1, "a", "string"), codec.Field(2, "b", "string", repeated=True))
     with pytest.raises(ValueError, match=r"_Pair\.b: a repeated string is not supported"):
         codec._compile({_Pair: repeated})
+
+
+# --- runs of doubles, read at once ----------------------------------------------------------------
+
+
+def _double(number: int, value: float) -> bytes:
+    return _varint(number << 3 | 1) + struct.pack("<d", value)
+
+
+def test_every_reading_present_decodes_as_betterproto2_and_so_does_every_cut() -> None:
+    # Fields 5 to 8 and 12 to 23 are runs of doubles (16 on with 2-byte tags), read at once.
+    every: dict[str, Any] = {name: 1.5 + i for i, name in enumerate(FLOAT_READINGS)}
+    reading = GpuReading(
+        source="nvml",
+        key=DeviceKey("GPU-0"),
+        index=0,
+        uuid="GPU-0",
+        name="NVIDIA H200",
+        taken_at=99.5,
+        period_s=1.0,
+        memory_used_bytes=1 << 35,
+        memory_total_bytes=141 << 30,
+        memory_reserved_bytes=1 << 29,
+        **every,
+    )
+    data = bytes(
+        proto.NodeUpdate(readings=proto.NodeReadings(devices=[device_reading(reading, 100.0)]))
+    )
+    theirs = proto.NodeUpdate.parse(data)
+    assert_same(theirs, decode_update(data))
+    assert theirs.readings is not None
+    device = bytes(theirs.readings.devices[0])
+    decoded = 0
+    for cut in range(len(device)):
+        framed = _device(device[:cut])
+        try:
+            ours = decode_update(framed)
+        except CodecError:
+            continue
+        assert_same(proto.NodeUpdate.parse(framed), ours, f"cut {cut}")
+        decoded += 1
+    assert decoded > 20  # every cut between two fields
+
+
+@pytest.mark.parametrize(
+    "numbers",
+    [
+        [15, 14, 13, 12],  # declared order reversed
+        [12, 13, 12, 13, 14],  # sent again: the last value is kept
+        [12, 14, 15, 16, 17, 23, 22],  # gaps, across the 1- to 2-byte tags
+        [5, 6, 7, 8, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23],
+    ],
+)
+def test_doubles_in_any_order_or_sent_twice_decode_as_betterproto2(numbers: list[int]) -> None:
+    device = b"\x0a\x01k" + b"".join(_double(n, n + i / 8) for i, n in enumerate(numbers))
+    data = _device(device)
+    assert_same(proto.NodeUpdate.parse(data), decode_update(data))

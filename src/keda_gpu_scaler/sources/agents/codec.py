@@ -31,8 +31,9 @@ is the tag that is broken) and what was wrong.
 from __future__ import annotations
 
 import struct
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Final, Literal, cast
+from typing import Any, Final, Literal
 
 import msgspec
 
@@ -283,7 +284,8 @@ SCHEMA: Final[dict[type[msgspec.Struct], tuple[Field, ...]]] = {
 # type, the tag's varint as it arrives), each with the slot of its struct's positional
 # argument and a small integer kind, tested most frequent first (doubles are most of a
 # reading). One loop decodes every message; the common cases (1- and 2-byte tags, 1-byte
-# lengths and values) are inline, the rest in helpers.
+# lengths and values) are inline, the rest in helpers. Doubles declared one after another
+# (most of a reading) are read together as far as they were sent in that order.
 
 _VARINT, _FIXED64, _LENGTH, _FIXED32 = 0, 1, 2, 5
 _WIRE_NAMES: Final = {
@@ -320,12 +322,54 @@ class _Plan:
     make: type[msgspec.Struct]
     defaults: list[object]
     """The struct's defaults, in its positional order: copied, then filled in."""
-    by_tag: list[tuple[int, int, _Plan | None] | None]
-    """By wire tag: (slot, kind, plan of a message field), None for an unknown tag; every
-    1-byte tag has a place."""
+    by_tag: list[tuple[int, int, Any] | None]
+    """By wire tag: (slot, kind, the :class:`_Plan` of a message field or the :class:`_Run`
+    of a double field, else None), None for an unknown tag; every 1-byte tag has a place.
+    (``Any``: the decoder's loop reads it without a cast.)"""
     fields: dict[int, Field]
     repeated: tuple[int, ...]
     """Slots of repeated fields: lists while decoding, tuples in the struct."""
+
+
+@dataclass(frozen=True, slots=True)
+class _Run:
+    """The double fields declared after a double field, numbered on from it, in consecutive
+    slots: encoded in order (as every encoder does), they are checked and read at once."""
+
+    next_tags: tuple[tuple[int, int], ...]
+    """Each next field's tag: its first byte, and its second or -1 for a 1-byte tag."""
+    unpack: tuple[Callable[[bytes, int], tuple[float, ...]], ...]
+    """``unpack[k]`` reads the first double and ``k`` more, each after its tag."""
+
+
+def _runs(plan: _Plan, names: tuple[str, ...]) -> None:
+    """Gives each double field of ``plan`` followed by another its :class:`_Run`."""
+    for tag, entry in enumerate(plan.by_tag):
+        if entry is None or entry[1] != _DOUBLE:
+            continue
+        slot, number = entry[0], tag >> 3
+        tags: list[tuple[int, int]] = []
+        formats = ["<d"]
+        while (f := plan.fields.get(number + len(tags) + 1)) is not None and f.kind == "double":
+            if names.index(f.name) != slot + len(tags) + 1:
+                break
+            encoded = _varint_bytes(f.number << 3 | _FIXED64)
+            if len(encoded) > 2:
+                break
+            tags.append((encoded[0], encoded[1] if len(encoded) == 2 else -1))
+            formats.append(formats[-1] + "x" * len(encoded) + "d")
+        if tags:
+            unpack = tuple(struct.Struct(f).unpack_from for f in formats)
+            plan.by_tag[tag] = (slot, _DOUBLE, _Run(tuple(tags), unpack))
+
+
+def _varint_bytes(value: int) -> bytes:
+    out = bytearray()
+    while value >= 0x80:
+        out.append(value & 0x7F | 0x80)
+        value >>= 7
+    out.append(value)
+    return bytes(out)
 
 
 def _compile(schema: dict[type[msgspec.Struct], tuple[Field, ...]]) -> dict[type, _Plan]:
@@ -351,6 +395,7 @@ def _compile(schema: dict[type[msgspec.Struct], tuple[Field, ...]]) -> dict[type
             plan.by_tag.extend([None] * (tag + 1 - len(plan.by_tag)))
             plan.by_tag[tag] = (names.index(f.name), kind, sub)
         plan.repeated = tuple(names.index(f.name) for f in fields if f.repeated)
+        _runs(plan, names)
     return plans
 
 
@@ -360,11 +405,12 @@ _UPDATE: Final = _PLANS[NodeUpdate]
 
 def decode_update(data: bytes) -> NodeUpdate:
     """The ``NodeUpdate`` in ``data``; raises :class:`CodecError` naming what is wrong."""
-    return cast(NodeUpdate, _decode(_UPDATE, data, 0, len(data)))
+    update: NodeUpdate = _decode(_UPDATE, data, 0, len(data))  # by _UPDATE's type
+    return update
 
 
-def _decode(plan: _Plan, data: bytes, pos: int, end: int) -> msgspec.Struct:
-    """The message of ``plan`` in ``data[pos:end]``."""
+def _decode(plan: _Plan, data: bytes, pos: int, end: int) -> Any:
+    """The message of ``plan`` in ``data[pos:end]``: an instance of ``plan.make``."""
     values = plan.defaults.copy()
     by_tag = plan.by_tag
     unpack_double = _unpack_double
@@ -389,8 +435,30 @@ def _decode(plan: _Plan, data: bytes, pos: int, end: int) -> msgspec.Struct:
             if kind == _DOUBLE:
                 if pos + 8 > end:
                     raise _error(plan, tag, f"a double with {end - pos} of its 8 bytes")
-                values[slot] = unpack_double(data, pos)[0]
-                pos += 8
+                if sub is None:
+                    values[slot] = unpack_double(data, pos)[0]
+                    pos += 8
+                    continue
+                # The doubles declared next, as far as they follow in order: tags checked
+                # one by one, values read at once. Whatever breaks the run (an absent field,
+                # another order, a value cut short) is read field by field from there.
+                n, after = 0, pos + 8
+                for lead, second in sub.next_tags:
+                    width = 1 if second < 0 else 2
+                    if (
+                        after + width + 8 > end
+                        or data[after] != lead
+                        or (width == 2 and data[after + 1] != second)
+                    ):
+                        break
+                    n += 1
+                    after += width + 8
+                if n:
+                    values[slot : slot + n + 1] = sub.unpack[n](data, pos)
+                else:
+                    values[slot] = unpack_double(data, pos)[0]
+                    after = pos + 8
+                pos = after
                 continue
             # Every other kind starts with a varint: its length or its value.
             if pos < end and data[pos] < 0x80:
