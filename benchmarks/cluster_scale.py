@@ -34,6 +34,10 @@ Per agent count, printed side by side and written as JSON:
   includes any time the process was not scheduled), recorded by a ``gc.callbacks`` probe
   this script puts on the scaler's ``PYTHONPATH`` as ``sitecustomize``.
 
+Before any agent count, **floor**: the same GetMetrics calls (300, 10 ms apart) against the
+constant grpclib and grpcio servers of ``grpc_latency.py`` (a prebuilt response, no scaler,
+no agents): what this machine and the gRPC stack give before the scaler does any work.
+
 Usage: python benchmarks/cluster_scale.py [--agents 10,100,1000] [--seconds 20] [--json OUT]
 """
 
@@ -55,7 +59,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from grpc_latency import generate_pb2, load_pb2
+from grpc_latency import METRIC_NAME, _await_port, _spawn, generate_pb2, load_pb2
 from soak import percentile, write_json
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -483,6 +487,58 @@ def _summary(values: list[float]) -> dict[str, float]:
     }
 
 
+CALLS = 300
+CALL_GAP_S = 0.01
+
+
+def _timed_calls(stub: Any, request: Any, seconds: float, result: Result) -> list[float]:
+    """Up to ``CALLS`` sequential GetMetrics calls, ``CALL_GAP_S`` apart, for ``seconds`` at
+    most: their latencies (s); a failed call is counted in ``result``."""
+    import grpc
+
+    latencies: list[float] = []
+    ends = time.monotonic() + seconds
+    while len(latencies) < CALLS and time.monotonic() < ends:
+        before = time.perf_counter()
+        try:
+            stub.GetMetrics(request, timeout=5)
+            latencies.append(time.perf_counter() - before)
+        except grpc.RpcError as error:
+            result.getmetrics_errors += 1
+            if len(result.error_samples) < 3:
+                result.error_samples.append(f"{error.code()}: {error.details()}"[:300])
+        time.sleep(CALL_GAP_S)
+    return latencies
+
+
+def floor(pb2_dir: Path, seconds: float) -> dict[str, dict[str, float]]:
+    """The same GetMetrics calls against servers that answer a prebuilt response at once
+    (``grpc_latency.py``'s grpclib and grpcio servers), with no agent and no scaler running:
+    what this machine and the gRPC stack give before the scaler does any work."""
+    import grpc
+
+    pb2, pb2_grpc = load_pb2(pb2_dir)
+    ref = pb2.ScaledObjectRef(name="so", namespace=NAMESPACE, scalerMetadata={"x": "y"})
+    request = pb2.GetMetricsRequest(scaledObjectRef=ref, metricName=METRIC_NAME)
+    figures: dict[str, dict[str, float]] = {}
+    for kind in ("grpclib", "grpcio"):
+        server = _spawn(kind, pb2_dir, use_uvloop=False, cpu=None)
+        try:
+            port = _await_port(kind, server)
+            with grpc.insecure_channel(f"{HOST}:{port}") as channel:
+                stub = pb2_grpc.ExternalScalerStub(channel)
+                for _ in range(50):  # warm up
+                    stub.GetMetrics(request, timeout=5)
+                failed = Result(0)
+                figures[kind] = _summary(_timed_calls(stub, request, seconds, failed))
+                if failed.getmetrics_errors:
+                    raise SystemExit(f"floor: the {kind} server failed: {failed.error_samples}")
+        finally:
+            server.stdin.close()  # type: ignore[union-attr]
+            server.wait(10)
+    return figures
+
+
 def run_one(count: int, seconds: float, pb2_dir: Path, workdir: Path) -> Result:
     import grpc
 
@@ -591,18 +647,7 @@ def run_one(count: int, seconds: float, pb2_dir: Path, workdir: Path) -> Result:
             f"{count} agents: cpu {result.cpu_share:.3f} core, rss {result.rss_mb} MB", flush=True
         )
         for name, req in (("selector", selected), ("all", everything)):
-            latencies: list[float] = []
-            phase_ends = time.monotonic() + seconds
-            while len(latencies) < 300 and time.monotonic() < phase_ends:
-                before = time.perf_counter()
-                try:
-                    stub.GetMetrics(req, timeout=5)
-                    latencies.append(time.perf_counter() - before)
-                except grpc.RpcError as error:
-                    result.getmetrics_errors += 1
-                    if len(result.error_samples) < 3:
-                        result.error_samples.append(f"{error.code()}: {error.details()}"[:300])
-                time.sleep(0.01)
+            latencies = _timed_calls(stub, req, seconds, result)
             if name == "selector":
                 result.getmetrics_selector_ms = _summary(latencies)
             else:
@@ -701,6 +746,16 @@ def _table(results: list[Result]) -> str:
     return "\n".join(lines)
 
 
+def _floor_table(floors: dict[str, dict[str, float]]) -> str:
+    lines = ["floor: the same GetMetrics calls to a server answering a prebuilt response"]
+    for kind, figures in floors.items():
+        lines.append(
+            f"  {kind + ' constant server':28} p50 {figures['median']:.2f} ms   "
+            f"p99 {figures['p99']:.2f} ms   max {figures['max']:.2f} ms"
+        )
+    return "\n".join(lines)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--agents", default="10,100,1000", help="agent counts, comma-separated")
@@ -717,12 +772,15 @@ def main() -> None:
     results = []
     with tempfile.TemporaryDirectory() as tmp:
         generate_pb2(Path(tmp))
+        floors = floor(Path(tmp), args.seconds)
+        print(f"floor: {json.dumps(floors)}", flush=True)
         for count in counts:
             result = run_one(count, args.seconds, Path(tmp), Path(tmp))
             print(f"{count} agents: {json.dumps(asdict(result))}", flush=True)
             results.append(result)
     print(_table(results))
-    write_json(args.json, [asdict(r) for r in results])
+    print(_floor_table(floors))
+    write_json(args.json, [{"floor": floors}, *(asdict(r) for r in results)])
 
 
 if __name__ == "__main__":
