@@ -8,7 +8,7 @@ often share one map. So, per server:
 - the measured value of a trigger spec is computed once per snapshot version and shared by
   every stream and unary call with that spec, until a reading it used goes stale; a later
   version that changed nothing it read (on a cluster scaler, an update of another node)
-  keeps it (:class:`~keda_gpu_scaler.domain.decision.Basis`);
+  keeps it (:class:`~keda_gpu_scaler.domain.device_selection.Basis`);
 - only the cooldown entry and the activity are per ScaledObject (cheap);
 - a trigger with ``windowSeconds`` tells the hub's :class:`HistoryDemand` to keep that much
   of its metric's history, as soon as its metadata is first parsed (KEDA's GetMetricSpec),
