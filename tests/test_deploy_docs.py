@@ -12,7 +12,7 @@ import yaml
 from keda_gpu_scaler.app.cli import SERVE_FLAGS
 from keda_gpu_scaler.domain.catalog import MetricType
 from keda_gpu_scaler.domain.profiles import PROFILES
-from keda_gpu_scaler.domain.trigger import TRIGGER_KEYS
+from keda_gpu_scaler.domain.trigger_keys import TRIGGER_KEYS
 
 ROOT = Path(__file__).resolve().parent.parent
 GETTING_STARTED = ROOT / "docs" / "getting-started.md"

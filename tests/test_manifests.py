@@ -24,7 +24,8 @@ from keda_gpu_scaler import __version__
 from keda_gpu_scaler.app.cli import SERVE_FLAGS, build_parser
 from keda_gpu_scaler.domain.catalog import CATALOG, MetricType, Origin
 from keda_gpu_scaler.domain.profiles import PROFILES
-from keda_gpu_scaler.domain.trigger import KEDA_KEYS, parse_trigger
+from keda_gpu_scaler.domain.trigger import parse_trigger
+from keda_gpu_scaler.domain.trigger_keys import KEDA_KEYS
 from keda_gpu_scaler.pipeline.hub import SnapshotHub
 from keda_gpu_scaler.pipeline.tap import Tap
 from keda_gpu_scaler.serving.observability import SelfMetrics

@@ -12,7 +12,7 @@ from grpclib.exceptions import GRPCError
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from keda_gpu_scaler.domain.trigger import TRIGGER_KEYS
+from keda_gpu_scaler.domain.trigger_keys import TRIGGER_KEYS
 from keda_gpu_scaler.pipeline.hub import SnapshotHub
 from keda_gpu_scaler.pipeline.state import fold
 from keda_gpu_scaler.serving._proto.externalscaler import GetMetricsRequest, ScaledObjectRef

@@ -7,7 +7,7 @@ from pathlib import Path
 from keda_gpu_scaler.app.reference import render_configuration
 from keda_gpu_scaler.domain.catalog import CATALOG
 from keda_gpu_scaler.domain.profiles import PROFILES
-from keda_gpu_scaler.domain.trigger import TRIGGER_KEY_HELP, TRIGGER_KEYS
+from keda_gpu_scaler.domain.trigger_keys import TRIGGER_KEY_HELP, TRIGGER_KEYS
 
 DOC = Path(__file__).resolve().parent.parent / "docs" / "configuration.md"
 

@@ -9,7 +9,8 @@ from keda_gpu_scaler.domain.decision import TriggerKey, decide
 from keda_gpu_scaler.domain.errors import InvalidTrigger
 from keda_gpu_scaler.domain.profiles import PROFILES
 from keda_gpu_scaler.domain.samples import DeviceKey, GpuReading
-from keda_gpu_scaler.domain.trigger import MigSelector, parse_trigger
+from keda_gpu_scaler.domain.trigger import parse_trigger
+from keda_gpu_scaler.domain.trigger_values import MigSelector
 from keda_gpu_scaler.testing import snapshot_after
 
 

@@ -1,0 +1,122 @@
+"""The checks of single trigger metadata values: numbers, targets, integers, choices, the
+metric name and ``migInstance``. Each raises :class:`InvalidTrigger` naming the key, the
+value and what it must be.
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+import re
+from typing import TypeVar
+
+import msgspec
+
+from keda_gpu_scaler.domain.errors import InvalidTrigger
+from keda_gpu_scaler.domain.samples import GpuReading
+
+_E = TypeVar("_E", bound=enum.StrEnum)
+
+_FLOAT = re.compile(r"[+-]?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][+-]?\d+)?")
+_NON_FINITE = re.compile(r"[+-]?(?:inf|infinity|nan)", re.IGNORECASE)
+_INT = re.compile(r"[+-]?\d+")
+_NAME_BAD_CHARS = re.compile(r"[^a-z0-9_-]")
+_MIG_UUID = re.compile(r"MIG-[0-9A-Za-z/-]+")
+_MIG_IDS = re.compile(r"(\d+):(\d+)(?::(\d+))?")
+_MIG_FORMAT = (
+    "must be a MIG device UUID (MIG-...) or <gpu index>:<GPU instance id>"
+    "[:<compute instance id>], as nvidia-smi -L shows"
+)
+
+
+class MigSelector(msgspec.Struct, frozen=True, kw_only=True):
+    """``migInstance``: one MIG instance, by UUID or by (GPU, GPU instance[, compute instance])."""
+
+    uuid: str | None = None
+    parent_index: int | None = None
+    gpu_instance_id: int | None = None
+    compute_instance_id: int | None = None
+
+    def matches(self, reading: GpuReading) -> bool:
+        if not reading.is_mig_instance():
+            return False
+        if self.uuid is not None:
+            return reading.uuid == self.uuid
+        return (
+            reading.parent_index == self.parent_index
+            and reading.gpu_instance_id == self.gpu_instance_id
+            and self.compute_instance_id in (None, reading.compute_instance_id)
+        )
+
+    def __str__(self) -> str:
+        if self.uuid is not None:
+            return self.uuid
+        text = f"{self.parent_index}:{self.gpu_instance_id}"
+        return text if self.compute_instance_id is None else f"{text}:{self.compute_instance_id}"
+
+
+def parse_float(key: str, raw: str) -> float:
+    """A finite decimal number (``inf``, ``nan`` and ``1e999`` are refused)."""
+    if _NON_FINITE.fullmatch(raw):
+        raise InvalidTrigger(key, raw, "must be a finite number")
+    if not _FLOAT.fullmatch(raw):
+        raise InvalidTrigger(key, raw, "not a number")
+    value = float(raw)
+    if not math.isfinite(value):
+        raise InvalidTrigger(key, raw, "must be a finite number")
+    return value
+
+
+def parse_target(key: str, raw: str) -> float:
+    """A finite number greater than 0."""
+    value = parse_float(key, raw)
+    if value <= 0:
+        raise InvalidTrigger(key, raw, "must be greater than 0")
+    return value
+
+
+def parse_int(key: str, raw: str, *, minimum: int, meaning: str) -> int:
+    """An integer of at least ``minimum``; ``meaning`` says the range when it is below."""
+    if not _INT.fullmatch(raw):
+        raise InvalidTrigger(key, raw, "not an integer")
+    value = int(raw)
+    if value < minimum:
+        raise InvalidTrigger(key, raw, meaning)
+    return value
+
+
+def parse_metric_name(raw: str, warnings: list[str]) -> str:
+    """``metricName`` as served: lowercase, other characters than ``[a-z0-9_-]`` as ``_``
+    (with a warning when that changed it)."""
+    name = _NAME_BAD_CHARS.sub("_", raw.strip().lower())
+    if not name.strip("_"):
+        raise InvalidTrigger("metricName", raw, "must contain a letter or digit")
+    if name != raw:
+        warnings.append(f'metricName "{raw}" is served as "{name}" (lowercase, [a-z0-9_-])')
+    return name
+
+
+def parse_choice(key: str, raw: str, kind: type[_E]) -> _E:
+    """One of the values of ``kind``, spelled exactly."""
+    try:
+        return kind(raw)
+    except ValueError:
+        raise InvalidTrigger(key, raw, "must be one of " + ", ".join(kind)) from None
+
+
+def parse_mig_instance(raw: str, gpu_index: int) -> MigSelector:
+    """``migInstance``: a ``MIG-`` UUID or ``GPU:GI[:CI]``, never with a ``gpuIndex``."""
+    if gpu_index >= 0:
+        raise InvalidTrigger(
+            "migInstance", raw, "cannot be combined with gpuIndex: the instance names its GPU"
+        )
+    if _MIG_UUID.fullmatch(raw):
+        return MigSelector(uuid=raw)
+    if (match := _MIG_IDS.fullmatch(raw)) is None:
+        raise InvalidTrigger("migInstance", raw, _MIG_FORMAT)
+    parent, gi, ci = match.groups()
+    return MigSelector(
+        parent_index=int(parent),
+        gpu_instance_id=int(gi),
+        compute_instance_id=None if ci is None else int(ci),
+    )
