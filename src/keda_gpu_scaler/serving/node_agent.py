@@ -55,7 +55,6 @@ __all__ = [
     "DEFAULT_SAMPLE_PERIOD_S",
     "MIN_HEARTBEAT_S",
     "NodeAgentService",
-    "NodeAgentStatistics",
     "UpdateBuilder",
     "heartbeat_s",
     "sample_period_s",
@@ -173,16 +172,6 @@ class UpdateBuilder:
         )
 
 
-@dataclass(frozen=True, slots=True)
-class NodeAgentStatistics:
-    open_streams: int
-    updates: int
-    """NodeReadings sent, on every stream together."""
-    heartbeats: int
-    skipped_versions: int
-    """Snapshots a stream never sent because a newer one was there when it looked again."""
-
-
 class NodeAgentService(NodeAgentBase):
     """``WatchNode`` from ``hub``; ``clock`` dates the ages (the agent's own clock), and a
     stream sends a heartbeat after ``max(sample period, min_heartbeat_s)`` of silence."""
@@ -211,16 +200,10 @@ class NodeAgentService(NodeAgentBase):
         self._open = 0
         self._closing = False
         self._ended = anyio.Event()
-        self._updates = 0
-        self._heartbeats = 0
-        self._skipped = 0
 
     @property
     def open_streams(self) -> int:
         return self._open
-
-    def statistics(self) -> NodeAgentStatistics:
-        return NodeAgentStatistics(self._open, self._updates, self._heartbeats, self._skipped)
 
     @streaming(RPC)
     async def watch_node(self, message: WatchNodeRequest) -> AsyncIterator[NodeUpdate]:
@@ -246,16 +229,12 @@ class NodeAgentService(NodeAgentBase):
                 if self._closing:
                     return
                 if snapshot is None:
-                    self._heartbeats += 1
                     due = anyio.current_time() + heartbeat
                     yield NodeUpdate(heartbeat=Heartbeat())
                     continue
-                if version:
-                    self._skipped += snapshot.version - version - 1
                 version = snapshot.version
                 readings = builder.update(snapshot, self._clock())
                 if readings is not None:
-                    self._updates += 1
                     due = anyio.current_time() + heartbeat
                     yield NodeUpdate(readings=readings)
         finally:
