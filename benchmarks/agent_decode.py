@@ -1,13 +1,14 @@
 """Decoding the node agent's WatchNode updates on a cluster scaler: betterproto2 and the codec.
 
-Two updates as a node agent sends them (its own ``device_reading`` and
+Three updates as a node agent sends them (its own ``device_reading`` and
 ``attribution_lists``): the cluster-scale benchmark's typical one (8 GPUs, no attribution,
-``cluster_scale._Agents(10).message(3, 1, False)``), and a MIG node's with its attribution
-(56 MIG instances, 56 holders). Each is decoded ``--iterations`` times with betterproto2's
-``NodeUpdate.parse`` and with ``decode_update``, alternating in rounds so that a noisy
-neighbour hits both alike, and each result goes through ``StreamReader.receive`` as a link
-does. Prints microseconds per update (median of the rounds) and the ratios side by side,
-and the share of one core that 1000 agents at one update a second would take; writes JSON.
+``cluster_scale._Agents(10).message(3, 1, False)``), 8 GPUs with every reading an H200 gives
+(GPM included), and a MIG node's with its attribution (56 MIG instances, 56 holders). Each
+is decoded ``--iterations`` times with betterproto2's ``NodeUpdate.parse`` and with
+``decode_update``, alternating in rounds so that a noisy neighbour hits both alike, and each
+result goes through ``StreamReader.receive`` as a link does. Prints microseconds per update
+(median of the rounds) and the ratios side by side, and the share of one core that 1000
+agents at one update a second would take; writes JSON.
 
 Usage: python benchmarks/agent_decode.py [--iterations 500] [--rounds 7] [--json OUT]
 """
@@ -31,6 +32,7 @@ from keda_gpu_scaler._proto_agent.kedagpuscaler.v1 import (
     NodeUpdate,
 )
 from keda_gpu_scaler.domain.samples import (
+    FLOAT_READINGS,
     POD_RESOURCES_SOURCE,
     DeviceHolder,
     DeviceKey,
@@ -96,6 +98,33 @@ def mig_update() -> bytes:
     return bytes(NodeUpdate(readings=NodeReadings(devices=devices, attribution=attribution)))
 
 
+def _every_float(g: int) -> dict[str, Any]:
+    return {name: 10.0 + g + i for i, name in enumerate(FLOAT_READINGS)}
+
+
+def every_reading_update() -> bytes:
+    """8 GPUs with every reading an H200 gives (GPM included), as a real agent sends them."""
+    now = 1000.0
+    readings = [
+        GpuReading(
+            source="nvml",
+            key=DeviceKey(f"GPU-bench-{g:04d}"),
+            index=g,
+            uuid=f"GPU-bench-{g:04d}",
+            name="NVIDIA H200",
+            taken_at=now - 0.02,
+            period_s=1.0,
+            memory_used_bytes=(40 + g) << 30,
+            memory_total_bytes=141 << 30,
+            memory_reserved_bytes=1 << 29,
+            **_every_float(g),
+        )
+        for g in range(GPUS)
+    ]
+    devices = [device_reading(r, now) for r in readings]
+    return bytes(NodeUpdate(readings=NodeReadings(devices=devices)))
+
+
 def _reader(decode: Callable[[bytes], UpdateMessage]) -> StreamReader:
     """A reader past the agent's identity, as a link's is after its first message."""
     reader = StreamReader()
@@ -148,6 +177,7 @@ def main() -> None:
     args = parser.parse_args()
     updates = {
         "8 GPUs (cluster_scale's typical update)": _Agents(10).message(3, 1, False),
+        "8 GPUs, every reading": every_reading_update(),
         "56 MIG instances, 56 holders": mig_update(),
     }
     results = []
