@@ -42,7 +42,6 @@ __all__ = [
     "ReloadingTlsContext",
     "TlsConfig",
     "TlsConfigError",
-    "TlsStatistics",
     "build_server_context",
 ]
 
@@ -81,13 +80,6 @@ class TlsConfig:
         return (self.cert_file, self.key_file, *optional)
 
 
-@dataclass(frozen=True, slots=True)
-class TlsStatistics:
-    reloads: int
-    failed_reloads: int
-    last_error: str | None
-
-
 def build_server_context(config: TlsConfig) -> SSLContext:
     """A server context for ``config``; raises :class:`TlsConfigError` naming the bad file."""
     context = SSLContext(PROTOCOL_TLS_SERVER)
@@ -115,9 +107,6 @@ class ReloadingTlsContext:
         self._outer.sni_callback = self._use_current
         self.handshake_failures = HandshakeFailureLog()
         self._outer.sslobject_class = self.handshake_failures.sslobject_class()
-        self._reloads = 0
-        self._failed_reloads = 0
-        self._last_error: str | None = None
 
     @property
     def context(self) -> SSLContext:
@@ -136,16 +125,12 @@ class ReloadingTlsContext:
         try:
             context = build_server_context(self.config)
         except TlsConfigError as exc:
-            self._failed_reloads += 1
-            self._last_error = str(exc)
             log.error(
                 "TLS reload failed; new connections keep the previous files",
                 extra={"reason": str(exc)},
             )
             return False
         self._current = context
-        self._reloads += 1
-        self._last_error = None
         log.info("TLS files reloaded", extra={"cert_file": str(self.config.cert_file)})
         return True
 
@@ -161,9 +146,6 @@ class ReloadingTlsContext:
             await anyio.sleep(interval_s)
             # A few stats and small PEM files: cheaper inline than a worker thread.
             self.reload_if_changed()
-
-    def statistics(self) -> TlsStatistics:
-        return TlsStatistics(self._reloads, self._failed_reloads, self._last_error)
 
     def _use_current(
         self, ssl_object: SSLObject, server_name: str | None, outer: SSLContext
@@ -190,10 +172,8 @@ class HandshakeFailureLog:
         self._clock = clock
         self._logged_at: dict[str, float] = {}
         self._unlogged: dict[str, int] = {}
-        self.failures = 0
 
     def record(self, exc: ssl.SSLError) -> None:
-        self.failures += 1
         reason = handshake_reason(exc)
         now = self._clock()
         last = self._logged_at.get(reason)
