@@ -298,6 +298,12 @@ def _failing_logs(caplog: pytest.LogCaptureFixture) -> list[str]:
     return [r.__dict__["error"] for r in caplog.records if r.getMessage() == "agent link failing"]
 
 
+def _streaming_logs(caplog: pytest.LogCaptureFixture) -> list[logging.LogRecord]:
+    """A link logs "streaming" when its first stream starts and when one starts after a
+    failure it logged."""
+    return [r for r in caplog.records if r.getMessage() == "agent link streaming"]
+
+
 @pytest.fixture
 def link_logs(caplog: pytest.LogCaptureFixture) -> pytest.LogCaptureFixture:
     caplog.set_level(logging.INFO, logger="keda_gpu_scaler.sources.agents.link")
@@ -306,7 +312,7 @@ def link_logs(caplog: pytest.LogCaptureFixture) -> pytest.LogCaptureFixture:
 
 @pytest.mark.anyio
 async def test_readings_from_a_real_node_agent_arrive_with_node_qualified_keys(
-    fake_gpus: FakeGpuSource,
+    fake_gpus: FakeGpuSource, link_logs: pytest.LogCaptureFixture
 ) -> None:
     kubelet = FakeAttribution([holder("llm-0", "GPU-fake-0000")])
     async with loopback_scaler(fake_gpus, node_name=NODE, samplers=[kubelet]) as agent:
@@ -315,6 +321,7 @@ async def test_readings_from_a_real_node_agent_arrive_with_node_qualified_keys(
             batch = await running.next_batch()
             received_at = anyio.current_time()
             attribution = await running.next(lambda s: isinstance(s, PodResourcesReading))
+            streams = agent.metrics.render().decode()
     assert batch.source == "agent/gpu-node-1"
     busy, idle = (s for s in batch.samples if isinstance(s, GpuReading))
     assert (busy.key, idle.key) == ("gpu-node-1/GPU-fake-0000", "gpu-node-1/GPU-fake-0001")
@@ -324,8 +331,11 @@ async def test_readings_from_a_real_node_agent_arrive_with_node_qualified_keys(
     assert isinstance(attribution, PodResourcesReading)
     assert (attribution.source, attribution.node) == ("agent/gpu-node-1/pod-resources", NODE)
     assert [h.pod for h in attribution.holders] == ["llm-0"]
-    stats = running.link.statistics()
-    assert (stats.connects, stats.node, stats.failing) == (1, NODE, None)
+    # One stream, to the node the identity named, and never a failure.
+    assert "keda_gpu_scaler_agent_streams 1.0" in streams
+    [streaming] = _streaming_logs(link_logs)
+    assert (streaming.__dict__["node"], streaming.__dict__["after_failure"]) == (NODE, None)
+    assert _failing_logs(link_logs) == []
 
 
 @pytest.mark.anyio
@@ -388,8 +398,8 @@ async def test_an_agent_shut_down_then_restarted_on_its_port_is_read_again(
             faults.append(await running.next_fault())  # refused again, after a longer delay
             second = await _start_agent(tg, fake_gpus, port=first.port)
             batch = await running.next_batch()
-            stats = link.statistics()
             logged = _failing_logs(link_logs)
+            streaming = _streaming_logs(link_logs)
             await second.stop()
     ended, refused = faults[0], faults[-1]
     assert ended.source == "agent/gpu-node-1"
@@ -400,7 +410,13 @@ async def test_an_agent_shut_down_then_restarted_on_its_port_is_read_again(
         f"agent 127.0.0.1:{first.port}: connection refused (no agent listening there?)"
     )
     assert batch.source == "agent/gpu-node-1" and batch.samples
-    assert stats.connects == 2 and stats.failures == len(faults) and stats.failing is None
+    # Every failure reached the channel as a fault, and nothing else failed before the batch.
+    assert [s for s in running.samples if isinstance(s, Fault) and s.key is None] == faults
+    # Two streams: the first, and the second after the refusals.
+    assert [r.__dict__["after_failure"] for r in streaming] == [
+        None,
+        refused.reason.split(": ", 1)[1],
+    ]
     # One line per cause, not one per retry.
     assert logged == [
         "the agent ended the stream (shutting down?)",
@@ -558,7 +574,10 @@ async def test_garbage_drops_the_link_with_one_log_line_and_other_links_keep_goi
     assert faults[0].reason.startswith(f"agent 127.0.0.1:{bad.port}: ")
     assert _failing_logs(link_logs) == [faults[0].reason.split(": ", 1)[1]]
     assert [s.key for s in batch.samples] == ["gpu-node-2/GPU-good"]
-    assert healthy.link.statistics().failures == 0
+    # The good link never failed: no fault of it, and no line about it.
+    assert not [s for s in healthy.samples if isinstance(s, Fault)]
+    failing = [r for r in link_logs.records if r.getMessage() == "agent link failing"]
+    assert {r.__dict__["agent"] for r in failing} == {bad.target.address}
 
 
 @pytest.mark.anyio
@@ -655,6 +674,7 @@ _PLAINTEXT = "before any answer: does the agent want TLS (--agents-tls-ca)?"
 async def test_tls_links_that_cannot_work_fail_with_the_reason(
     fake_gpus: FakeGpuSource,
     agent_pki: AgentPki,
+    link_logs: pytest.LogCaptureFixture,
     mtls: bool,
     trusted: bool,
     server_name: str | None,
@@ -672,7 +692,7 @@ async def test_tls_links_that_cannot_work_fail_with_the_reason(
         fault = await running.next_fault()
     assert fault.reason.startswith(f"agent {target.address}: ")
     assert reason in fault.reason
-    assert running.link.statistics().connects == 0
+    assert _streaming_logs(link_logs) == []  # no stream ever started
 
 
 def test_the_client_context_speaks_h2_from_tls_1_2_and_checks_the_agent(

@@ -34,7 +34,6 @@ __all__ = [
 from keda_gpu_scaler.sources.agents.link import (
     DEFAULT_MAX_MESSAGE_BYTES,
     AgentLink,
-    AgentLinkStatistics,
     LinkFailed,
 )
 from keda_gpu_scaler.sources.agents.tls import (
@@ -52,7 +51,6 @@ from keda_gpu_scaler.sources.agents.updates import (
 __all__ += [
     "DEFAULT_MAX_MESSAGE_BYTES",
     "AgentLink",
-    "AgentLinkStatistics",
     "AgentTlsConfig",
     "AgentTlsConfigError",
     "BadUpdate",

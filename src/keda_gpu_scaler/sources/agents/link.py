@@ -59,7 +59,6 @@ __all__ = [
     "IDLE_HEARTBEATS",
     "WATCH_NODE",
     "AgentLink",
-    "AgentLinkStatistics",
     "LinkFailed",
 ]
 
@@ -83,25 +82,10 @@ class LinkFailed(SourceFailure):
         super().__init__(detail)
 
 
-@dataclass(frozen=True, slots=True)
-class AgentLinkStatistics:
-    connects: int
-    """Streams that got as far as the agent's identity."""
-    updates: int
-    failures: int
-    last_update_at: float | None
-    node: str | None
-    failing: str | None
-    """Why the link is down (the latest cause); None while it streams."""
-
-
 @dataclass(slots=True)
 class _Counts:
-    connects: int = 0
-    updates: int = 0
-    failures: int = 0
-    last_update_at: float | None = None
     failing: str | None = None
+    """Why the link is down (the latest cause); None while it streams."""
     node: str | None = None
     logged: str | None = None
     """The cause last logged: the same one is not logged again until a long healthy stream."""
@@ -152,12 +136,6 @@ class AgentLink:
         )
         self._counts = _Counts(node=target.node or None)
         self._gate = gate or _every
-
-    def statistics(self) -> AgentLinkStatistics:
-        c = self._counts
-        return AgentLinkStatistics(
-            c.connects, c.updates, c.failures, c.last_update_at, c.node, c.failing
-        )
 
     async def run(
         self,
@@ -235,9 +213,6 @@ class AgentLink:
                             # A receive that finds its message buffered does not yield: a
                             # link with a backlog gives the loop a turn now and then.
                             await anyio.lowlevel.checkpoint()
-                        if update.readings is not None:
-                            self._counts.updates += 1
-                            self._counts.last_update_at = received_at
                         watchdog.waiting_since = anyio.current_time()
                         update = await self._recv(stream)
                         watchdog.waiting_since = math.inf
@@ -275,7 +250,6 @@ class AgentLink:
 
     def _streaming(self, reader: StreamReader) -> None:
         c = self._counts
-        c.connects += 1
         c.node = reader.node
         c.up_since = anyio.current_time()
         if reader.node is not None:
@@ -296,7 +270,6 @@ class AgentLink:
 
     def _failed(self, detail: str, *, after_healthy_stream: bool) -> SourceFault:
         c = self._counts
-        c.failures += 1
         if after_healthy_stream:
             c.logged = None
         # Once when the link starts failing and when the cause changes, not every retry, even
