@@ -18,6 +18,7 @@ from h2.events import WindowUpdated
 from h2.settings import SettingCodes
 
 from keda_gpu_scaler.serving import server
+from keda_gpu_scaler.serving._proto.externalscaler import GetMetricsRequest, ScaledObjectRef
 
 
 def _pair(limit: int) -> tuple[h2.connection.H2Connection, h2.connection.H2Connection]:
@@ -106,3 +107,25 @@ async def test_the_request_table_is_swept_at_a_constant_cost_and_stays_bounded()
         sweeps += len(handler._tasks) < before
         assert len(handler._tasks) <= 2 * 1000 + 10
     assert 10 <= sweeps <= 20  # about once per thousand requests, not once per ten
+
+
+def test_a_repeated_request_is_decoded_once_and_the_table_stays_bounded() -> None:
+    codec = server.RepeatedRequests([GetMetricsRequest], max_entries=2)
+    first = bytes(
+        GetMetricsRequest(
+            scaled_object_ref=ScaledObjectRef(name="a", namespace="ns"), metric_name="m"
+        )
+    )
+    decoded = codec.decode(first, GetMetricsRequest)
+    assert decoded == GetMetricsRequest().parse(first)
+    assert codec.decode(first, GetMetricsRequest) is decoded  # the same bytes: no parse
+    other = bytes(GetMetricsRequest(metric_name="other"))
+    assert codec.decode(other, GetMetricsRequest).metric_name == "other"
+    assert codec.decode(first, GetMetricsRequest) is decoded
+    codec.decode(bytes(GetMetricsRequest(metric_name="third")), GetMetricsRequest)
+    assert codec.decode(first, GetMetricsRequest) is not decoded  # the oldest went first
+    # A type not named is decoded every time.
+    ref = bytes(ScaledObjectRef(name="a"))
+    assert codec.decode(ref, ScaledObjectRef) is not codec.decode(ref, ScaledObjectRef)
+    with pytest.raises(ValueError, match="max_entries must be at least 1, not 0"):
+        server.RepeatedRequests([GetMetricsRequest], max_entries=0)

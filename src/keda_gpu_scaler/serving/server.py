@@ -20,6 +20,7 @@ from typing import Any, Literal, cast
 import anyio
 from grpclib.config import Configuration
 from grpclib.const import Status
+from grpclib.encoding.proto import ProtoCodec
 from grpclib.protocol import AbstractHandler, Connection, EventsProcessor, H2Protocol
 from grpclib.protocol import Stream as GrpclibStream
 from grpclib.server import Handler, Server
@@ -28,13 +29,14 @@ from h2.connection import H2Connection
 from h2.events import RemoteSettingsChanged, WindowUpdated
 from h2.settings import SettingCodes, Settings
 
+from keda_gpu_scaler.serving._proto.externalscaler import GetMetricsRequest, ScaledObjectRef
 from keda_gpu_scaler.serving.service import ExternalScalerService
 from keda_gpu_scaler.serving.streams import StreamRegistry
 
 log = logging.getLogger(__name__)
 
 DEFAULT_MAX_CONCURRENT_STREAMS = 4096
-__all__ = ["DEFAULT_MAX_CONCURRENT_STREAMS", "ScalerServer", "Status"]
+__all__ = ["DEFAULT_MAX_CONCURRENT_STREAMS", "RepeatedRequests", "ScalerServer", "Status"]
 
 
 class _H2Connection(H2Connection):
@@ -276,9 +278,38 @@ class _Handler(Handler):
             self._left_by_sweep = len(self._tasks)
 
 
+class RepeatedRequests(ProtoCodec):
+    """grpclib's codec, decoding a request of ``message_types`` once per distinct bytes.
+
+    KEDA sends each ScaledObject's same GetMetrics and IsActive request on every poll, and
+    betterproto2 spends about 30 µs parsing one. Requests are only read, never changed, so
+    one decoded message serves every call with the same bytes. At most ``max_entries`` are
+    kept; past that the oldest goes first.
+    """
+
+    def __init__(self, message_types: Collection[type], *, max_entries: int = 4096) -> None:
+        if max_entries < 1:
+            raise ValueError(f"max_entries must be at least 1, not {max_entries}")
+        self._types = frozenset(message_types)
+        self._max_entries = max_entries
+        self._decoded: dict[tuple[type, bytes], Any] = {}
+
+    def decode(self, data: bytes, message_type: Any) -> Any:
+        if message_type not in self._types:
+            return super().decode(data, message_type)
+        key = (message_type, bytes(data))
+        message = self._decoded.get(key)
+        if message is None:
+            message = super().decode(data, message_type)
+            if len(self._decoded) >= self._max_entries:
+                del self._decoded[next(iter(self._decoded))]
+            self._decoded[key] = message
+        return message
+
+
 class _Server(Server):
     def __init__(self, handlers: Collection[Any], *, max_concurrent_streams: int) -> None:
-        super().__init__(handlers)
+        super().__init__(handlers, codec=RepeatedRequests((GetMetricsRequest, ScaledObjectRef)))
         self._max_concurrent_streams = max_concurrent_streams
         self.protocols: weakref.WeakSet[_StreamLimitProtocol] = weakref.WeakSet()
 
