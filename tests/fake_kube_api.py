@@ -197,6 +197,8 @@ class FakeKubeApi:
         self.git_version = git_version
         self.too_old = too_old
         self.requests: list[RecordedRequest] = []
+        self.events_sent = 0
+        """Lines written on watches, every watch together (events, and raw data sent)."""
         self._rv = first_resource_version
         self._oldest = first_resource_version
         self._objects: dict[Kind, dict[tuple[str, str], Json]] = {"pods": {}, "endpointslices": {}}
@@ -650,11 +652,13 @@ class FakeKubeApi:
                 await _send(conn, stream, _chunked_ok())
                 for line in backlog:
                     await _send(conn, stream, h11.Data(data=line))
+                    self.events_sent += 1
                 with anyio.move_on_after(timeout):
                     async for item in receive:
                         if isinstance(item, _End):
                             break
                         await _send(conn, stream, h11.Data(data=item))
+                        self.events_sent += 1
                 await _send(conn, stream, h11.EndOfMessage())
                 tg.cancel_scope.cancel()
         finally:

@@ -3,7 +3,6 @@
 from keda_gpu_scaler.sources.agents.discovery import (
     AgentDiscovery,
     AgentsSpec,
-    DiscoveryStatistics,
     DnsAgents,
     DnsDiscovery,
     EndpointsAgents,
@@ -17,7 +16,6 @@ from keda_gpu_scaler.sources.agents.discovery import (
 __all__ = [
     "AgentDiscovery",
     "AgentsSpec",
-    "DiscoveryStatistics",
     "DnsAgents",
     "DnsDiscovery",
     "EndpointSliceDiscovery",

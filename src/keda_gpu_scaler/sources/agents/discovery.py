@@ -37,7 +37,6 @@ import math
 import random
 import socket
 from collections.abc import Awaitable, Callable, Iterable, Sequence
-from dataclasses import dataclass
 from typing import Protocol
 
 import anyio
@@ -68,7 +67,6 @@ from keda_gpu_scaler.sources.kube.listwatch import (
     DEFAULT_REQUEST_TIMEOUT_S,
     DEFAULT_WATCH_TIMEOUT_S,
     ListWatch,
-    ListWatchStatistics,
 )
 
 DEFAULT_DNS_INTERVAL_S = 10.0
@@ -83,7 +81,6 @@ RESTART_BACKOFF = Backoff()
 __all__ = [
     "AgentDiscovery",
     "AgentsSpec",
-    "DiscoveryStatistics",
     "DnsAgents",
     "DnsDiscovery",
     "EndpointSliceDiscovery",
@@ -102,20 +99,6 @@ log = logging.getLogger(__name__)
 # -- readings ------------------------------------------------------------------------------
 
 
-@dataclass(frozen=True, slots=True)
-class DiscoveryStatistics:
-    """What a discovery actor did so far, for logs, the debug endpoint and tests."""
-
-    readings: int
-    faults: int
-    targets: int
-    linkable: int
-    """Targets that are ready (EndpointSlices); every target elsewhere."""
-    confirmed_at: float | None
-    """When the set was last confirmed; None until it was."""
-    error: str | None
-
-
 class _Announcer:
     """When the set is worth a reading, and the reading (pure: the actor sends it)."""
 
@@ -128,7 +111,7 @@ class _Announcer:
         self.error: str | None = None
         self.confirmed_at: float | None = None
         self._published_at = -math.inf
-        self.readings = self.faults = 0
+        """When the last reading was made; -inf before the first."""
 
     def confirmed(
         self, targets: tuple[AgentTarget, ...], now: float, *, problem: str | None = None
@@ -146,26 +129,14 @@ class _Announcer:
     def failed(self, reason: str, now: float) -> AgentsReading | None:
         """Discovery failed at ``now``: a reading (the last set, with the error) when the
         error is new."""
-        self.faults += 1
-        if reason == self.error and self.readings:
+        if reason == self.error and self._published_at > -math.inf:
             return None
         self.error = reason
         taken_at = self.confirmed_at if self.confirmed_at is not None else now
         return self._reading(taken_at, now)
 
-    def statistics(self) -> DiscoveryStatistics:
-        return DiscoveryStatistics(
-            readings=self.readings,
-            faults=self.faults,
-            targets=len(self.targets),
-            linkable=sum(target.ready for target in self.targets),
-            confirmed_at=self.confirmed_at,
-            error=self.error,
-        )
-
     def _reading(self, taken_at: float, now: float) -> AgentsReading:
         self._published_at = now
-        self.readings += 1
         return AgentsReading(
             source=AGENTS_SOURCE,
             taken_at=taken_at,
@@ -192,8 +163,6 @@ class AgentDiscovery(Protocol):
         task_status: TaskStatus[None] = ...,
     ) -> None: ...
 
-    def statistics(self) -> DiscoveryStatistics: ...
-
 
 # -- static ----------------------------------------------------------------------------------
 
@@ -209,9 +178,6 @@ class StaticDiscovery:
         self._targets = _sorted(targets)
         self._refresh_s = refresh_s
         self._announcer = _Announcer(period_s=refresh_s, refresh_s=0.0)
-
-    def statistics(self) -> DiscoveryStatistics:
-        return self._announcer.statistics()
 
     async def run(
         self,
@@ -269,9 +235,6 @@ class DnsDiscovery:
         self._resolve = resolve
         self._announcer = _Announcer(period_s=refresh_s, refresh_s=refresh_s)
         self._failing = False
-
-    def statistics(self) -> DiscoveryStatistics:
-        return self._announcer.statistics()
 
     async def run(
         self,
@@ -364,12 +327,6 @@ class EndpointSliceDiscovery:
             rng=rng,
         )
         self._unavailable = 0
-
-    def statistics(self) -> DiscoveryStatistics:
-        return self._announcer.statistics()
-
-    def watch_statistics(self) -> ListWatchStatistics:
-        return self._engine.statistics()
 
     async def run(
         self,
