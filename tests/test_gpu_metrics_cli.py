@@ -15,7 +15,7 @@ from pathlib import Path
 import anyio
 import pytest
 
-from keda_gpu_scaler.app.gpu_metrics import ATTRIBUTION_FIELDS, FIELDS, render_table
+from keda_gpu_scaler.app.gpu_output import ATTRIBUTION_FIELDS, FIELDS, render_table
 
 pytestmark = pytest.mark.slow
 
