@@ -52,19 +52,31 @@ IDENTITY = bytes(
 )
 
 
+NOW = 1000.0
+
+
+def _reading(uuid: str, index: int, name: str, **readings: Any) -> GpuReading:
+    """A reading as the NVML sampler makes it, 20 ms old at ``NOW``."""
+    return GpuReading(
+        source="nvml",
+        key=DeviceKey(uuid),
+        index=index,
+        uuid=uuid,
+        name=name,
+        taken_at=NOW - 0.02,
+        period_s=1.0,
+        **readings,
+    )
+
+
 def mig_update() -> bytes:
     """56 1g MIG instances (7 on each of 8 GPUs), their GPM readings, and an attribution
     listing one holder for each."""
-    now = 1000.0
     readings = [
-        GpuReading(
-            source="nvml",
-            key=DeviceKey(f"MIG-bench-{g:02d}-{i:02d}"),
-            index=g,
-            uuid=f"MIG-bench-{g:02d}-{i:02d}",
-            name="NVIDIA H200 MIG 1g.18gb",
-            taken_at=now - 0.02,
-            period_s=1.0,
+        _reading(
+            f"MIG-bench-{g:02d}-{i:02d}",
+            g,
+            "NVIDIA H200 MIG 1g.18gb",
             memory_used_bytes=(4 + i) << 30,
             memory_total_bytes=16 << 30,
             sm_active=30.0 + i,
@@ -90,38 +102,29 @@ def mig_update() -> bytes:
         for n, r in enumerate(readings)
     )
     kubelet = PodResourcesReading(
-        source=POD_RESOURCES_SOURCE, taken_at=now - 1.0, period_s=5.0, holders=holders
+        source=POD_RESOURCES_SOURCE, taken_at=NOW - 1.0, period_s=5.0, holders=holders
     )
     lists = attribution_lists(kubelet)
     attribution = Attribution(age_s=1.0, period_s=5.0, holders=lists[0], dra=lists[1])
-    devices = [device_reading(r, now) for r in readings]
+    devices = [device_reading(r, NOW) for r in readings]
     return bytes(NodeUpdate(readings=NodeReadings(devices=devices, attribution=attribution)))
-
-
-def _every_float(g: int) -> dict[str, Any]:
-    return {name: 10.0 + g + i for i, name in enumerate(FLOAT_READINGS)}
 
 
 def every_reading_update() -> bytes:
     """8 GPUs with every reading an H200 gives (GPM included), as a real agent sends them."""
-    now = 1000.0
     readings = [
-        GpuReading(
-            source="nvml",
-            key=DeviceKey(f"GPU-bench-{g:04d}"),
-            index=g,
-            uuid=f"GPU-bench-{g:04d}",
-            name="NVIDIA H200",
-            taken_at=now - 0.02,
-            period_s=1.0,
+        _reading(
+            f"GPU-bench-{g:04d}",
+            g,
+            "NVIDIA H200",
             memory_used_bytes=(40 + g) << 30,
             memory_total_bytes=141 << 30,
             memory_reserved_bytes=1 << 29,
-            **_every_float(g),
+            **{name: 10.0 + g + i for i, name in enumerate(FLOAT_READINGS)},
         )
         for g in range(GPUS)
     ]
-    devices = [device_reading(r, now) for r in readings]
+    devices = [device_reading(r, NOW) for r in readings]
     return bytes(NodeUpdate(readings=NodeReadings(devices=devices)))
 
 
