@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import itertools
 import logging
-import math
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -35,7 +34,6 @@ from keda_gpu_scaler.sources.kube.wire import (
     decode_page,
 )
 from tests.fake_kube_api import FakeKubeApi, open_fake_kube_api, write_kubeconfig
-from tests.waiting import wait_until
 
 NODE = "node-a"
 SELECTOR = f"spec.nodeName={NODE}"
@@ -93,10 +91,6 @@ async def watch_opened(api: FakeKubeApi, count: int = 1) -> None:
     """Until the fake has seen ``count`` watches and has one open now."""
     with anyio.fail_after(WAIT_S):
         await api.wait_until(lambda: len(api.watches()) >= count and api.open_watches == 1)
-
-
-def answered_at(w: Watch) -> float:
-    return w.watcher.statistics().last_answer_at or -math.inf
 
 
 def names(reading: PodsReading) -> list[str]:
@@ -161,9 +155,13 @@ async def test_added_modified_and_deleted_change_the_published_set(tmp_path: Pat
             assert finished.pods[1].phase == "Succeeded" and finished.pods[1].terminated()
             api.delete_pod("ml", "vllm-0")
             assert names(await w.reading()) == ["ml/vllm-1"]
-            assert w.watcher.statistics().resource_version == api.resource_version
-    assert len(api.lists()) == 1
-    assert len(api.watches()) == 1
+            assert len(api.lists()) == 1
+            assert len(api.watches()) == 1
+            # The next watch resumes from the last event.
+            seen = api.resource_version
+            api.end_watches()
+            await watch_opened(api, 2)
+    assert api.watches()[1].query["resourceVersion"] == seen
 
 
 @pytest.mark.anyio
@@ -178,13 +176,11 @@ async def test_changes_nobody_reads_publish_nothing_until_a_change(tmp_path: Pat
             api.bookmark()
             api.add_pod("ml", "vllm-1", node=NODE)
             after = await w.reading()
-            assert w.nothing_queued()
-            stats = w.watcher.statistics()
+            assert w.nothing_queued()  # two readings in all: the first, then the new pod's
     assert names(after) == ["ml/vllm-0", "ml/vllm-1"]
     assert after.taken_at > first.taken_at
     # The touch, the bookmark and the new pod came; the other node's pod did not.
-    assert stats.events == 3
-    assert stats.readings == 2
+    assert api.events_sent == 3
 
 
 @pytest.mark.anyio
@@ -254,11 +250,11 @@ async def test_a_bookmark_moves_where_the_next_watch_resumes(tmp_path: Path) -> 
             for i in range(3):
                 api.add_pod("other", f"p{i}", node="node-b")
             api.bookmark()
-            await wait_until(lambda: w.watcher.statistics().events == 1, timeout_s=WAIT_S)
-            api.end_watches()
+            api.end_watches()  # after the bookmark, on the same stream
             await watch_opened(api, 2)
             assert w.nothing_queued()
     assert api.watches()[1].query["resourceVersion"] == api.resource_version
+    assert api.events_sent == 1  # the bookmark; the other node's pods were not sent
     assert len(api.lists()) == 1
 
 
@@ -468,20 +464,19 @@ async def test_while_the_api_is_down_no_reading_is_published_so_labels_go_stale(
 ) -> None:
     async with open_fake_kube_api() as api:
         api.add_pod("ml", "vllm-0", node=NODE)
-        async with watching(api, tmp_path) as w:
-            last = await w.reading()
+        # Every answer publishes (no refresh interval): the readings say when it answered.
+        async with watching(api, tmp_path, refresh_s=0.0) as w:
+            listed = await w.reading()
+            last = await w.reading()  # the watch that opened answered too
             await watch_opened(api)
-            # The watch that opened answered too (no reading: nothing changed).
-            await wait_until(lambda: answered_at(w) > last.taken_at, timeout_s=WAIT_S)
-            answered = answered_at(w)
             await api.take_down()
+            # Faults only: the API answered nothing meanwhile.
             faults = [await w.fault() for _ in range(4)]
-            assert answered_at(w) == answered
             await api.bring_up()
             while isinstance(sample := await w.next(), SourceFault):
                 pass
     assert isinstance(sample, PodsReading)
-    assert sample.taken_at > faults[-1].at > last.taken_at
+    assert sample.taken_at > faults[-1].at > last.taken_at > listed.taken_at
     assert faults[0].reason.startswith(f"Kubernetes API: {WATCH_WHAT}: the connection broke")
     assert faults[-1].reason.startswith(f"Kubernetes API: {WATCH_WHAT}: cannot connect")
     # Exponential backoff between attempts, capped.
@@ -544,10 +539,11 @@ async def test_an_answer_that_changes_nothing_publishes_once_the_last_reading_is
         await anyio.sleep(0.06)
         api.bookmark()
         refreshed = await w.reading()
-        api.bookmark()
-        await wait_until(lambda: w.watcher.statistics().events == 2, timeout_s=WAIT_S)
-        assert w.nothing_queued()
+        api.bookmark()  # within refresh_s of that reading: it publishes nothing...
+        api.add_pod("ml", "vllm-0", node=NODE)
+        changed = await w.reading()  # ...so the next reading is the change's
     assert refreshed.taken_at - first.taken_at >= 0.05
+    assert names(refreshed) == [] and names(changed) == ["ml/vllm-0"]
 
 
 # -- configuration ---------------------------------------------------------------------

@@ -16,7 +16,6 @@ from keda_gpu_scaler.sources.kube.pods import (
     DEFAULT_WATCH_TIMEOUT_S,
     PERIOD_S,
     PodWatcher,
-    PodWatchStatistics,
 )
 
 __all__ = [
@@ -30,7 +29,6 @@ __all__ = [
     "KubeGone",
     "ListWatch",
     "ListWatchStatistics",
-    "PodWatchStatistics",
     "PodWatcher",
     "Resource",
 ]

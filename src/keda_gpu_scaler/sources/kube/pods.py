@@ -93,7 +93,6 @@ __all__ = [
     "DEFAULT_WATCH_TIMEOUT_S",
     "PERIOD_S",
     "NamespaceDemand",
-    "PodWatchStatistics",
     "PodWatcher",
 ]
 
@@ -121,26 +120,6 @@ class NamespaceDemand(Protocol):
     async def wait_changed(self, version: int) -> None:
         """Return once :attr:`version` is past ``version``."""
         ...
-
-
-@dataclass(frozen=True, slots=True)
-class PodWatchStatistics:
-    """What the watcher did so far, for logs, the debug endpoint and tests."""
-
-    lists: int
-    watches: int
-    events: int
-    readings: int
-    faults: int
-    pods: int
-    resource_version: str | None
-    """Where the watch resumes; with several namespaces, None (each has its own)."""
-    last_answer_at: float | None
-    """The API's last answer; with several namespaces, the oldest of the last answers of
-    those published (None until they are)."""
-    failing: str | None
-    """The reason of the last fault, until the API answers again (with several namespaces,
-    that of the first one failing)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -277,7 +256,6 @@ class PodWatcher:
         self._scopes: dict[str, anyio.CancelScope] = {}
         """The running watch of each engine (while :meth:`run` runs)."""
         self._pacing = Pacing(refresh_s)
-        self._readings = 0
 
     def _add(self, scope: _Scope) -> None:
         settings = self._settings
@@ -302,22 +280,6 @@ class PodWatcher:
         )
         held.append(engine)
         self._engines[scope.key] = engine
-
-    def statistics(self) -> PodWatchStatistics:
-        engines = [engine.statistics() for engine in self._engines.values()]
-        published = self._publishable()
-        failing = [e.failing for e in engines if e.failing is not None]
-        return PodWatchStatistics(
-            lists=sum(e.lists for e in engines),
-            watches=sum(e.watches for e in engines),
-            events=sum(e.events for e in engines),
-            readings=self._readings,
-            faults=sum(e.faults for e in engines),
-            pods=sum(e.objects for e in engines),
-            resource_version=engines[0].resource_version if len(engines) == 1 else None,
-            last_answer_at=None if not published else _oldest_answer(published.values()),
-            failing=failing[0] if failing else None,
-        )
 
     async def run(
         self,
@@ -415,7 +377,6 @@ class PodWatcher:
         if not self._pacing.is_due(changed=changed, now=now):
             return
         self._pacing.published(now)
-        self._readings += 1
         self._published = namespaces
         # Each store is sorted by (namespace, name), and several are one namespace each:
         # in namespace order they are the whole set sorted, with no sort of every pod.
