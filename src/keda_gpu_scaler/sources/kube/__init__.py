@@ -9,7 +9,7 @@ the agents they list (sans-I/O); ``store`` keeps the objects and paces the readi
 """
 
 from keda_gpu_scaler.sources.kube.client import SERVICE_ACCOUNT, KubeClient, KubeFailure, KubeGone
-from keda_gpu_scaler.sources.kube.listwatch import ListWatch, ListWatchStatistics, Resource
+from keda_gpu_scaler.sources.kube.listwatch import ListWatch, Resource
 from keda_gpu_scaler.sources.kube.pods import (
     DEFAULT_REFRESH_S,
     DEFAULT_REQUEST_TIMEOUT_S,
@@ -28,7 +28,6 @@ __all__ = [
     "KubeFailure",
     "KubeGone",
     "ListWatch",
-    "ListWatchStatistics",
     "PodWatcher",
     "Resource",
 ]

@@ -100,19 +100,6 @@ class Resource(Generic[T]):
         return {} if self.selector is None else dict([self.selector])
 
 
-@dataclass(frozen=True, slots=True)
-class ListWatchStatistics:
-    lists: int
-    watches: int
-    events: int
-    faults: int
-    objects: int
-    resource_version: str | None
-    last_answer_at: float | None
-    failing: str | None
-    """The reason of the last fault, until the API answers again."""
-
-
 class ListWatch(Generic[T]):
     """Lists, then watches ``resource``; see the module docstring.
 
@@ -157,22 +144,11 @@ class ListWatch(Generic[T]):
         self._failures = 0
         self._fresh_list = False
         self._short_watches = 0
-        self._lists = self._watches = self._events = self._faults = 0
+        self._listed = False
         self.last_answer_at: float | None = None
         """When the API last answered; None until it did."""
         self._failing: str | None = None
-
-    def statistics(self) -> ListWatchStatistics:
-        return ListWatchStatistics(
-            lists=self._lists,
-            watches=self._watches,
-            events=self._events,
-            faults=self._faults,
-            objects=len(self.store),
-            resource_version=self.store.resource_version,
-            last_answer_at=self.last_answer_at,
-            failing=self._failing,
-        )
+        """The reason of the last fault, until the API answers again."""
 
     async def run(self, *, answered: Answered, failed: Failed) -> None:
         """List and watch until cancelled, telling ``answered`` and ``failed``."""
@@ -220,7 +196,7 @@ class ListWatch(Generic[T]):
         # resourceVersion=0 lets the first list come from the API server's watch cache
         # (cheap for a DaemonSet's worth of lists); a list after 410 reads the latest, which
         # the watch can resume from.
-        first: dict[str, str] = {"resourceVersion": "0"} if self._lists == 0 else {}
+        first: dict[str, str] = {} if self._listed else {"resourceVersion": "0"}
         params = {**selector, "limit": str(self._page_size), **first}
         items: list[T] = []
         while True:
@@ -235,7 +211,7 @@ class ListWatch(Generic[T]):
             if not page.continue_token:
                 break
             params = {**selector, "limit": str(self._page_size), "continue": page.continue_token}
-        self._lists += 1
+        self._listed = True
         self._fresh_list = True
         changed = self.store.replace(items, page.resource_version)
         await self._answered(io, changed=changed)
@@ -249,7 +225,6 @@ class ListWatch(Generic[T]):
             "allowWatchBookmarks": "true",
             "timeoutSeconds": str(timeout_s),
         }
-        self._watches += 1
         opened_at = anyio.current_time()
         events = 0
         async with io.client.get(
@@ -269,7 +244,6 @@ class ListWatch(Generic[T]):
 
     async def _event(self, io: _Io, line: str) -> None:
         event = self.resource.codec.decode_event(line)
-        self._events += 1
         if isinstance(event, WatchError):
             reason = (
                 f"Kubernetes API: {self.resource.what('watch')} sent ERROR {event.code}"
@@ -316,7 +290,6 @@ class ListWatch(Generic[T]):
         Only a working watch (an event, or a watch that lasted) resets the count: a server
         that answers lists but fails every watch still backs off further each time."""
         self._failures += 1
-        self._faults += 1
         delay = self._backoff.delay(self._failures)
         if reason != self._failing:
             # Once when the watch starts failing and when the cause changes, not every retry.
