@@ -12,7 +12,6 @@ from keda_gpu_scaler.sources.kubelet.resources import DEFAULT_RESOURCE_NAMES, Re
 from keda_gpu_scaler.sources.kubelet.sampler import (
     DEFAULT_INTERVAL_S,
     PodResourcesSampler,
-    PodResourcesStatistics,
     default_timeout_s,
 )
 
@@ -22,7 +21,6 @@ __all__ = [
     "DEFAULT_SOCKET_PATH",
     "PodResourcesFailed",
     "PodResourcesSampler",
-    "PodResourcesStatistics",
     "ResourceNames",
     "default_timeout_s",
     "holders_of",

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import logging
 import math
-from dataclasses import dataclass
 
 import anyio
 from anyio.abc import TaskStatus
@@ -43,17 +42,6 @@ FAILURE_PREFIX = "kubelet PodResources List failed: "
 def default_timeout_s(interval_s: float) -> float:
     """A bit under the interval, 2 s at most, so a call never runs into the next tick."""
     return min(0.8 * interval_s, MAX_DEFAULT_TIMEOUT_S)
-
-
-@dataclass(frozen=True, slots=True)
-class PodResourcesStatistics:
-    answers: int
-    failures: int
-    last_answer_at: float | None
-    holders: int
-    """Devices held in the last answer."""
-    failing: str | None
-    """Why the calls since the last answer failed (the latest reason); None while answering."""
 
 
 class PodResourcesSampler:
@@ -88,11 +76,10 @@ class PodResourcesSampler:
         self.timeout_s = timeout
         self.resource_names = resource_names
         self._client = PodResourcesClient(socket_path, timeout_s=timeout)
-        self._answers = 0
-        self._failures = 0
-        self._last_answer_at: float | None = None
-        self._holders = 0
+        self._answered_once = False
         self._failing: str | None = None
+        """Why the calls since the last answer failed (the latest reason); None while
+        answering."""
 
     async def run(
         self,
@@ -118,7 +105,7 @@ class PodResourcesSampler:
             return self._failed(exc, anyio.current_time())
         now = anyio.current_time()
         holders, dra = holders_of(response, self.resource_names)
-        self._answered(now, len(response.pod_resources), len(holders))
+        self._answered(len(response.pod_resources), len(holders))
         return PodResourcesReading(
             source=self.name, taken_at=now, period_s=self.interval_s, holders=holders, dra=dra
         )
@@ -127,17 +114,7 @@ class PodResourcesSampler:
         """Closes the connection (:meth:`run` does on its way out); a later call reopens."""
         self._client.close()
 
-    def statistics(self) -> PodResourcesStatistics:
-        return PodResourcesStatistics(
-            answers=self._answers,
-            failures=self._failures,
-            last_answer_at=self._last_answer_at,
-            holders=self._holders,
-            failing=self._failing,
-        )
-
     def _failed(self, exc: PodResourcesFailed, now: float) -> SourceFault:
-        self._failures += 1
         if exc.detail != self._failing:
             # Once when the calls start failing and when the cause changes, not every tick.
             log.warning(
@@ -147,8 +124,8 @@ class PodResourcesSampler:
         self._failing = exc.detail
         return SourceFault(source=self.name, key=None, at=now, reason=FAILURE_PREFIX + exc.detail)
 
-    def _answered(self, now: float, pods: int, holders: int) -> None:
-        if self._answers == 0 or self._failing is not None:
+    def _answered(self, pods: int, holders: int) -> None:
+        if not self._answered_once or self._failing is not None:
             log.info(
                 "kubelet PodResources List answering",
                 extra={
@@ -158,7 +135,5 @@ class PodResourcesSampler:
                     "gpu_devices_held": holders,
                 },
             )
-        self._answers += 1
-        self._last_answer_at = now
-        self._holders = holders
+        self._answered_once = True
         self._failing = None
