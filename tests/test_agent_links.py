@@ -21,6 +21,7 @@ from keda_gpu_scaler.domain.samples import (
     SourceStopped,
 )
 from keda_gpu_scaler.pipeline.agents import AgentLinks
+from tests.test_agent_discovery import missing_nodes, present_nodes
 
 RUNS: dict[str, int] = {}
 
@@ -217,7 +218,7 @@ async def test_a_node_only_its_link_knew_is_missing_five_minutes_then_forgotten(
         await h.settle(3)
         agent.up = False
         await h.settle(2)
-        assert h.links.roster.missing() == ("gpu-1",)
+        assert missing_nodes(h.links.roster) == ("gpu-1",)
         # Missing, not forgotten, for five minutes after it was last heard...
         assert _by(await h.settle(FORGET_AFTER_S - 30), SourceStopped) == []
         # ...then forgotten: its view goes.
@@ -226,7 +227,7 @@ async def test_a_node_only_its_link_knew_is_missing_five_minutes_then_forgotten(
         # The agent comes back: heard again.
         agent.up = True
         await h.settle(3)
-        assert h.links.roster.present() == ("gpu-1",)
+        assert present_nodes(h.links.roster) == ("gpu-1",)
         tg.cancel_scope.cancel()
 
 
@@ -242,7 +243,7 @@ async def test_an_address_dns_stops_naming_is_missing_not_forgotten_at_once(
         await h.settle(3)
         await h.targets_send.send(_reading())  # re-resolved: the address is gone
         assert _by(await h.settle(60), SourceStopped) == []
-        assert h.links.roster.missing() == ("gpu-1",)
+        assert missing_nodes(h.links.roster) == ("gpu-1",)
         assert _by(await h.settle(FORGET_AFTER_S), SourceStopped) == ["agent/gpu-1"]
         tg.cancel_scope.cancel()
 
@@ -264,7 +265,7 @@ async def test_a_node_discovery_lists_stays_missing_and_goes_when_delisted(
         # Not ready (its agent fails its probe): unlinked, missing, never forgotten.
         await h.targets_send.send(_reading(LISTED_NOT_READY))
         assert _by(await h.settle(FORGET_AFTER_S * 2), SourceStopped) == []
-        assert h.links.roster.missing() == ("gpu-2",)
+        assert missing_nodes(h.links.roster) == ("gpu-2",)
         # Removed from the EndpointSlice (the node drained): forgotten at once.
         await h.targets_send.send(_reading())
         assert _by(await h.settle(1), SourceStopped) == ["agent/gpu-2"]

@@ -140,14 +140,6 @@ class AgentRoster:
                 nodes[node] = seen
         return AgentRoster(MappingProxyType(nodes))
 
-    def present(self) -> tuple[str, ...]:
-        """The nodes heard at the last update, sorted."""
-        return tuple(node for node, seen in sorted(self.nodes.items()) if seen.heard)
-
-    def missing(self) -> tuple[str, ...]:
-        """The nodes known and not heard at the last update, sorted."""
-        return tuple(node for node, seen in sorted(self.nodes.items()) if not seen.heard)
-
 
 def _next(
     seen: NodeSeen | None, listed: bool, heard: bool, now: float, forget_after_s: float
