@@ -24,10 +24,13 @@ from keda_gpu_scaler.pipeline.agents import AgentLinks
 from tests.test_agent_discovery import missing_nodes, present_nodes
 
 RUNS: dict[str, int] = {}
+RUNNING: dict[str, _Link] = {}
+"""The links running now, by address."""
 
 
 class _Link:
-    """Publishes one fault naming its agent, then waits; counts its runs."""
+    """Publishes one fault naming its agent, then waits; counts its runs and says while it
+    runs."""
 
     def __init__(self, target: AgentTarget, gate: Callable[[Sample], bool]) -> None:
         self.target = target
@@ -41,12 +44,18 @@ class _Link:
         task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED,
     ) -> None:
         RUNS[self.target.address] = RUNS.get(self.target.address, 0) + 1
-        async with send:
-            task_status.started()
-            fault = SourceFault(source=self.name, key=None, at=anyio.current_time(), reason="hello")
-            if self.gate(fault):
-                await send.send(fault)
-            await anyio.sleep_forever()
+        RUNNING[self.target.address] = self
+        try:
+            async with send:
+                task_status.started()
+                at = anyio.current_time()
+                fault = SourceFault(source=self.name, key=None, at=at, reason="hello")
+                if self.gate(fault):
+                    await send.send(fault)
+                await anyio.sleep_forever()
+        finally:
+            if RUNNING.get(self.target.address) is self:  # not yet replaced by a new link
+                del RUNNING[self.target.address]
 
 
 def _reading(*targets: AgentTarget) -> AgentsReading:
@@ -62,6 +71,7 @@ B_MOVED = AgentTarget(host="10.0.0.2", port=6000, node="c")
 @pytest.mark.trio
 async def test_links_follow_discovery(autojump_clock: trio.testing.MockClock) -> None:
     RUNS.clear()
+    RUNNING.clear()
     targets_send, targets_receive = anyio.create_memory_object_stream[AgentsReading](8)
     send, receive = anyio.create_memory_object_stream[Sample](64)
     links = AgentLinks(targets_receive, send, _Link)
@@ -79,7 +89,7 @@ async def test_links_follow_discovery(autojump_clock: trio.testing.MockClock) ->
         await tg.start(links.run)
         await targets_send.send(_reading(A, B))
         await settle()
-        assert [t.address for t in links.linked()] == ["10.0.0.1:6000", "10.0.0.2:6000"]
+        assert sorted(RUNNING) == ["10.0.0.1:6000", "10.0.0.2:6000"]
         assert {s.source for s in got if isinstance(s, SourceFault)} == {
             "agent/10.0.0.1:6000",
             "agent/10.0.0.2:6000",
@@ -88,7 +98,7 @@ async def test_links_follow_discovery(autojump_clock: trio.testing.MockClock) ->
         # B turns not-ready: its link stops and its readings are forgotten; it stays listed.
         await targets_send.send(_reading(A, B_NOT_READY))
         await settle()
-        assert [t.address for t in links.linked()] == ["10.0.0.1:6000"]
+        assert sorted(RUNNING) == ["10.0.0.1:6000"]
         # Discovery's set goes on to the aggregator (the tap and /metrics list it).
         assert [s for s in got if isinstance(s, AgentsReading)] == [_reading(A, B_NOT_READY)]
         assert [s for s in got if not isinstance(s, AgentsReading)] == [
@@ -102,7 +112,7 @@ async def test_links_follow_discovery(autojump_clock: trio.testing.MockClock) ->
         await targets_send.send(_reading(A, B_MOVED))
         await settle()
         assert RUNS == {"10.0.0.1:6000": 1, "10.0.0.2:6000": 3}
-        assert links.linked()[1].node == "c"
+        assert RUNNING["10.0.0.2:6000"].target.node == "c"
         # An unchanged set starts nothing.
         await targets_send.send(_reading(A, B_MOVED))
         await settle()

@@ -93,10 +93,6 @@ class AgentLinks:
         self.discovered: AgentsReading | None = None
         """The newest set discovery published (ready and not-ready), for visibility."""
 
-    def linked(self) -> list[AgentTarget]:
-        """The agents linked now, by address."""
-        return [linked.target for _, linked in sorted(self._links.items())]
-
     async def run(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
         async with self._targets, self._send, anyio.create_task_group() as tg:
             self._tg = tg
