@@ -23,7 +23,8 @@ from keda_gpu_scaler.domain.backoff import Backoff
 from keda_gpu_scaler.domain.errors import SourceUnavailable
 from keda_gpu_scaler.domain.samples import PODS_SOURCE, PodInfo, PodsReading, Sample, SourceFault
 from keda_gpu_scaler.sources.kube import PodWatcher
-from keda_gpu_scaler.sources.kube.podset import Pacing, PodSet
+from keda_gpu_scaler.sources.kube.pods import pod_key
+from keda_gpu_scaler.sources.kube.store import Pacing, Store
 from keda_gpu_scaler.sources.kube.wire import (
     Bookmark,
     Delete,
@@ -718,21 +719,21 @@ def test_a_bad_watch_event_is_a_wire_error_naming_what(line: str, message: str) 
 
 
 def test_the_pod_set_says_what_changed_and_keeps_the_resume_point() -> None:
-    pods = PodSet()
+    pods = Store(pod_key)  # as the pod watch keeps them
     a = PodInfo(namespace="ml", name="a", labels={"app": "x"}, phase="Running")
     b = PodInfo(namespace="default", name="b")
     assert pods.replace([a, b], "10") is True
-    assert pods.pods() == (b, a)
+    assert pods.items() == (b, a)
     assert pods.replace([b, a], "11") is False
     assert pods.apply(Upsert(a, "12")) is False
     relabelled = PodInfo(namespace="ml", name="a", labels={"app": "y"}, phase="Running")
     assert pods.apply(Upsert(relabelled, "13")) is True
-    assert pods.pods() == (b, relabelled)  # the sorted set is kept only until a change
+    assert pods.items() == (b, relabelled)  # the sorted set is kept only until a change
     assert pods.apply(Bookmark("20")) is False
     assert pods.resource_version == "20"
     assert pods.apply(Delete(b, "21")) is True
     assert pods.apply(Delete(b, "22")) is False
-    assert pods.pods() == (relabelled,)
+    assert pods.items() == (relabelled,)
     pods.forget_position()
     assert pods.resource_version is None
 

@@ -4,8 +4,8 @@ the EndpointSlices a cluster scaler discovers its agents by.
 ``client`` is the one seam to kr8s and httpx (credentials, requests, errors translated);
 ``listwatch`` is the engine that lists, then watches, one collection; ``wire`` decodes the
 list and watch format and the pods (sans-I/O), ``endpointslices`` the EndpointSlices and
-the agents they list (sans-I/O); ``store`` keeps the objects and paces the readings, and
-``podset`` the pods (pure); ``pods`` is the actor that publishes this node's pods.
+the agents they list (sans-I/O); ``store`` keeps the objects and paces the readings
+(pure); ``pods`` is the actor that publishes this node's pods.
 """
 
 from keda_gpu_scaler.sources.kube.client import SERVICE_ACCOUNT, KubeClient, KubeFailure, KubeGone

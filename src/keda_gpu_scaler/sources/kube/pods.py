@@ -81,7 +81,6 @@ from keda_gpu_scaler.sources.kube.listwatch import (
     ListWatch,
     Resource,
 )
-from keda_gpu_scaler.sources.kube.podset import pod_key
 from keda_gpu_scaler.sources.kube.store import Pacing
 from keda_gpu_scaler.sources.kube.wire import POD_CODEC
 
@@ -439,6 +438,11 @@ def _scopes_for(names: frozenset[str] | None, *, watched: Iterable[str]) -> list
 
 def _oldest_answer(engines: Iterable[ListWatch[PodInfo]]) -> float:
     return min(e.last_answer_at for e in engines if e.last_answer_at is not None)
+
+
+def pod_key(pod: PodInfo) -> tuple[str, str]:
+    """Pods are kept by namespace, then name: a reading lists them in that order."""
+    return (pod.namespace, pod.name)
 
 
 def _pods_resource(path: str, selector: tuple[str, str] | None) -> Resource[PodInfo]:
