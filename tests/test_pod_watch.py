@@ -26,13 +26,12 @@ from keda_gpu_scaler.sources.kube import PodWatcher
 from keda_gpu_scaler.sources.kube.pods import pod_key
 from keda_gpu_scaler.sources.kube.store import Pacing, Store
 from keda_gpu_scaler.sources.kube.wire import (
+    POD_CODEC,
     Bookmark,
     Delete,
     Upsert,
     WatchError,
     WireError,
-    decode_event,
-    decode_page,
 )
 from tests.fake_kube_api import FakeKubeApi, open_fake_kube_api, write_kubeconfig
 
@@ -664,7 +663,7 @@ def test_a_pod_list_decodes_what_is_read_and_skips_the_rest() -> None:
         b'"resourceVersion":"800"},"spec":{"containers":[{"name":"c"}]},"status":{"phase":"Running"}},'
         b'{"metadata":{"namespace":"ml","name":"b"}}]}'
     )
-    page = decode_page(body)
+    page = POD_CODEC.decode_page(body)
     assert page.resource_version == "812"
     assert page.continue_token == "abc"
     assert page.items == (
@@ -684,23 +683,23 @@ def test_a_pod_list_decodes_what_is_read_and_skips_the_rest() -> None:
 )
 def test_a_bad_pod_list_is_a_wire_error_naming_what(body: bytes, message: str) -> None:
     with pytest.raises(WireError, match=message):
-        decode_page(body)
+        POD_CODEC.decode_page(body)
 
 
 def test_watch_events_decode_by_type() -> None:
     pod = '{"metadata":{"namespace":"ml","name":"a","resourceVersion":"9"},"status":{}}'
-    assert decode_event(f'{{"type":"ADDED","object":{pod}}}') == Upsert(
+    assert POD_CODEC.decode_event(f'{{"type":"ADDED","object":{pod}}}') == Upsert(
         PodInfo(namespace="ml", name="a"), "9"
     )
-    assert decode_event(f'{{"type":"DELETED","object":{pod}}}') == Delete(
+    assert POD_CODEC.decode_event(f'{{"type":"DELETED","object":{pod}}}') == Delete(
         PodInfo(namespace="ml", name="a"), "9"
     )
     bookmark = '{"type":"BOOKMARK","object":{"kind":"Pod","metadata":{"resourceVersion":"12"}}}'
-    assert decode_event(bookmark) == Bookmark("12")
+    assert POD_CODEC.decode_event(bookmark) == Bookmark("12")
     error = (
         '{"type":"ERROR","object":{"kind":"Status","code":410,"reason":"Expired","message":"m"}}'
     )
-    assert decode_event(error) == WatchError(410, "Expired", "m")
+    assert POD_CODEC.decode_event(error) == WatchError(410, "Expired", "m")
     assert WatchError(410, "Expired", "m").is_gone() and not WatchError(500, "", "").is_gone()
 
 
@@ -715,7 +714,7 @@ def test_watch_events_decode_by_type() -> None:
 )
 def test_a_bad_watch_event_is_a_wire_error_naming_what(line: str, message: str) -> None:
     with pytest.raises(WireError, match=message):
-        decode_event(line)
+        POD_CODEC.decode_event(line)
 
 
 def test_the_pod_set_says_what_changed_and_keeps_the_resume_point() -> None:

@@ -19,9 +19,9 @@ A watch answers one JSON event per line, ``{"type": ..., "object": ...}``:
 The envelope is the same for every kind; a :class:`Codec` says how one kind of object is
 decoded (a msgspec Struct with only the fields this product reads, so the rest of an object
 is skipped without being built) and turned into the value the product keeps. The pods'
-codec is :data:`POD_CODEC` (:func:`decode_page` and :func:`decode_event` use it); the
-EndpointSlices' is in :mod:`~keda_gpu_scaler.sources.kube.endpointslices`. Anything that is
-not this shape raises :class:`WireError` naming what was wrong.
+codec is :data:`POD_CODEC`; the EndpointSlices' is in
+:mod:`~keda_gpu_scaler.sources.kube.endpointslices`. Anything that is not this shape raises
+:class:`WireError` naming what was wrong.
 """
 
 from __future__ import annotations
@@ -227,16 +227,6 @@ POD_CODEC: Codec[_Pod, PodInfo] = Codec(
     version_of=lambda pod: pod.metadata.resource_version,
 )
 """Pods: namespace, name, uid, labels, phase and node, nothing else."""
-
-
-def decode_page(body: bytes) -> Page[PodInfo]:
-    """One ``PodList`` answer; :class:`WireError` when it is not one."""
-    return POD_CODEC.decode_page(body)
-
-
-def decode_event(line: bytes | str) -> WatchEvent[PodInfo]:
-    """One line of a pod watch; :class:`WireError` when it is not a watch event."""
-    return POD_CODEC.decode_event(line)
 
 
 def _excerpt(line: bytes | str, limit: int = 120) -> str:
