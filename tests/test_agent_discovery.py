@@ -792,7 +792,6 @@ def test_a_slice_decodes_what_is_read_and_skips_the_rest() -> None:
         EndpointSliceInfo(
             namespace="gpu",
             name="agents-x",
-            address_type="IPv4",
             endpoints=(
                 SliceEndpoint(
                     addresses=("10.0.3.17",),

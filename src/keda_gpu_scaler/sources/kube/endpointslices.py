@@ -74,7 +74,6 @@ class EndpointSliceInfo:
 
     namespace: str
     name: str
-    address_type: str = ""
     endpoints: tuple[SliceEndpoint, ...] = ()
     ports: tuple[SlicePort, ...] = ()
 
@@ -206,7 +205,6 @@ class _Port(msgspec.Struct):
 
 class _Slice(msgspec.Struct, rename="camel"):
     metadata: _Meta
-    address_type: str = ""
     endpoints: list[_Endpoint] | None = None
     ports: list[_Port] | None = None
 
@@ -227,7 +225,6 @@ def _info(eps: _Slice) -> EndpointSliceInfo:
     return EndpointSliceInfo(
         namespace=eps.metadata.namespace,
         name=eps.metadata.name,
-        address_type=eps.address_type,
         endpoints=tuple(_endpoint(endpoint) for endpoint in eps.endpoints or ()),
         ports=tuple(
             SlicePort(name=p.name or "", port=p.port, protocol=p.protocol or "TCP")
