@@ -29,8 +29,9 @@ from keda_gpu_scaler.domain.samples import (
     PodResourcesReading,
 )
 from keda_gpu_scaler.serving.node_agent import attribution_lists, device_reading
-from keda_gpu_scaler.sources.agents import codec
-from keda_gpu_scaler.sources.agents.codec import SCHEMA, CodecError, decode_update
+from keda_gpu_scaler.sources.agents import codec, messages
+from keda_gpu_scaler.sources.agents.codec import CodecError, decode_update
+from keda_gpu_scaler.sources.agents.messages import SCHEMA
 from keda_gpu_scaler.sources.agents.updates import BadUpdate, StreamReader, UpdateMessage
 
 # --- building messages with the generated classes ----------------------------------------------
@@ -237,8 +238,8 @@ def test_two_members_of_the_oneof_are_both_set_and_the_reader_refuses_the_update
         theirs, ours = proto.NodeUpdate.parse(data), decode_update(data)
         assert theirs.identity is not None and theirs.heartbeat is not None
         assert_same(theirs, ours)
-        assert ours.identity == codec.NodeIdentity(node_name="a")
-        assert ours.heartbeat == codec.Heartbeat()
+        assert ours.identity == messages.NodeIdentity(node_name="a")
+        assert ours.heartbeat == messages.Heartbeat()
         with pytest.raises(BadUpdate, match="no known kind of update"):
             StreamReader().receive(ours, 0.0)
 
@@ -248,7 +249,7 @@ def test_a_message_field_sent_twice_is_the_last_one_not_a_merge_of_both() -> Non
     second = bytes(proto.NodeUpdate(identity=proto.NodeIdentity(node_name="b")))
     theirs, ours = proto.NodeUpdate.parse(first + second), decode_update(first + second)
     assert_same(theirs, ours)
-    assert ours.identity == codec.NodeIdentity(node_name="b")
+    assert ours.identity == messages.NodeIdentity(node_name="b")
 
 
 def test_a_scalar_sent_twice_keeps_its_last_value() -> None:
@@ -257,7 +258,7 @@ def test_a_scalar_sent_twice_keeps_its_last_value() -> None:
     body += b"\x19" + struct.pack("<d", 2.0)
     data = b"\x0a" + bytes([len(body)]) + body
     assert_same(proto.NodeUpdate.parse(data), decode_update(data))
-    assert decode_update(data).identity == codec.NodeIdentity(node_name="b", sample_period_s=2.0)
+    assert decode_update(data).identity == messages.NodeIdentity(node_name="b", sample_period_s=2.0)
 
 
 def _device(body: bytes) -> bytes:
@@ -279,7 +280,7 @@ def _varint(value: int) -> bytes:
     return bytes(out)
 
 
-def _decoded_device(data: bytes) -> codec.DeviceReading:
+def _decoded_device(data: bytes) -> messages.DeviceReading:
     update = decode_update(data)
     assert update.readings is not None
     [device] = update.readings.devices
@@ -333,7 +334,7 @@ def test_an_explicit_zero_is_kept_and_an_absent_optional_is_none() -> None:
 
 
 def test_nothing_decodes_to_an_update_of_no_kind() -> None:
-    assert decode_update(b"") == codec.NodeUpdate()
+    assert decode_update(b"") == messages.NodeUpdate()
     with pytest.raises(BadUpdate, match="no known kind of update"):
         StreamReader().receive(decode_update(b""), 0.0)
 
@@ -374,7 +375,7 @@ def test_unknown_fields_of_an_update_are_skipped(unknown: bytes) -> None:
 def test_unknown_fields_inside_a_device_reading_are_skipped(unknown: bytes) -> None:
     device = bytes(proto.DeviceReading(key="GPU-a", sm_active=3.0, parent_uuid="GPU-p"))
     data = _device(unknown + device + unknown)
-    assert _decoded_device(data) == codec.DeviceReading(
+    assert _decoded_device(data) == messages.DeviceReading(
         key="GPU-a", sm_active=3.0, parent_uuid="GPU-p"
     )
 
@@ -593,8 +594,8 @@ class _Pair(msgspec.Struct, frozen=True):
 
 def test_a_table_that_leaves_out_a_field_or_repeats_a_scalar_is_refused() -> None:
     with pytest.raises(ValueError, match="_Pair: its fields"):
-        codec._compile({_Pair: (codec.Field(1, "a", "string"),)})
-    repeated = (codec.Field(1, "a", "string"), codec.Field(2, "b", "string", repeated=True))
+        codec._compile({_Pair: (messages.Field(1, "a", "string"),)})
+    repeated = (messages.Field(1, "a", "string"), messages.Field(2, "b", "string", repeated=True))
     with pytest.raises(ValueError, match=r"_Pair\.b: a repeated string is not supported"):
         codec._compile({_Pair: repeated})
 

@@ -48,7 +48,8 @@ from keda_gpu_scaler._proto_agent.kedagpuscaler.v1 import WatchNodeRequest
 from keda_gpu_scaler.domain.backoff import Backoff
 from keda_gpu_scaler.domain.errors import SourceFailure
 from keda_gpu_scaler.domain.samples import AgentTarget, Sample, SourceFault
-from keda_gpu_scaler.sources.agents.codec import CodecError, NodeUpdate, decode_update
+from keda_gpu_scaler.sources.agents.codec import CodecError, decode_update
+from keda_gpu_scaler.sources.agents.messages import NodeUpdate
 from keda_gpu_scaler.sources.agents.updates import BadUpdate, StreamReader, readings_source
 
 log = logging.getLogger(__name__)

@@ -42,7 +42,7 @@ from keda_gpu_scaler.domain.samples import (
     PodResourcesReading,
     SourceFault,
 )
-from keda_gpu_scaler.sources.agents import codec
+from keda_gpu_scaler.sources.agents import messages
 
 __all__ = [
     "BadUpdate",
@@ -268,7 +268,7 @@ class StreamReader:
 
 # A decoded device's values are GpuReading's fields in GpuReading's order, but for the first
 # few: the reading is built from them positionally (checked here, once).
-_DEVICE_FIELDS = codec.DeviceReading.__struct_fields__
+_DEVICE_FIELDS = messages.DeviceReading.__struct_fields__
 _READINGS = slice(_DEVICE_FIELDS.index("period_s") + 1, None)
 """The readings and the MIG fields."""
 _NUMBERS = slice(_READINGS.start, _DEVICE_FIELDS.index("mig_enabled"))
@@ -282,7 +282,7 @@ if GpuReading.__struct_fields__ != (*_POSITIONAL, *_DEVICE_FIELDS[_READINGS], "n
 
 def _reading(device: DeviceMessage, node: str, source: str, received_at: float) -> GpuReading:
     # A thousand agents' devices a second go through here. A NaN or an infinity is no reading.
-    if type(device) is codec.DeviceReading:
+    if type(device) is messages.DeviceReading:
         values = astuple(device)
     else:  # a generated message (the node agent's own classes)
         values = tuple(getattr(device, name) for name in _DEVICE_FIELDS)
