@@ -202,6 +202,7 @@ class AgentLink:
             self._streaming(reader)
             idle_s = max(IDLE_HEARTBEATS * (reader.heartbeat_s or 0.0), self.min_idle_s)
             received = 0
+            clock = asyncio.get_running_loop().time  # anyio's clock, without its lookup
             with anyio.CancelScope() as silence:
                 watchdog = _Watchdog(silence, idle_s)
                 try:
@@ -214,12 +215,12 @@ class AgentLink:
                             # A receive that finds its message buffered does not yield: a
                             # link with a backlog gives the loop a turn now and then.
                             await anyio.lowlevel.checkpoint()
-                        watchdog.waiting_since = anyio.current_time()
+                        watchdog.waiting_since = clock()
                         update = await self._recv(stream)
                         watchdog.waiting_since = math.inf
                         if update is None:
                             break
-                        received_at = anyio.current_time()
+                        received_at = clock()
                         samples = reader.receive(update, received_at)
                 finally:
                     watchdog.stop()
@@ -366,14 +367,13 @@ async def _recv_message(stream: ClientStream[Any, Any], max_bytes: int) -> bytes
     try:
         with stream._wrapper:
             prefix = await stream._stream.recv_data(5)
-        if not prefix:
-            return None
-        if prefix[0]:
-            raise BadUpdate("a compressed message, though none was asked for")
-        length = int.from_bytes(prefix[1:], "big")
-        if length > max_bytes:
-            raise BadUpdate(f"a message of {length} bytes, over the cap of {max_bytes} bytes")
-        with stream._wrapper:
+            if not prefix:
+                return None
+            if prefix[0]:
+                raise BadUpdate("a compressed message, though none was asked for")
+            length = int.from_bytes(prefix[1:], "big")
+            if length > max_bytes:
+                raise BadUpdate(f"a message of {length} bytes, over the cap of {max_bytes} bytes")
             return await stream._stream.recv_data(length)
     except AssertionError as exc:  # grpclib's buffer: the stream ended inside a message
         raise LinkFailed("the stream ended inside a message") from exc
