@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import itertools
+
 import anyio
 import pytest
 from anyio.streams.memory import MemoryObjectSendStream
@@ -55,7 +57,7 @@ async def test_replay_drives_decisions_through_every_phase(autojump_clock: MockC
         start = anyio.current_time()
         for at, (phase, active, (name, value)) in expected.items():
             await anyio.sleep_until(start + at)
-            assert sampler.statistics().phase == phase
+            assert sampler.phase == phase
             decisions = _decide_all(hub)
             assert {n for n, d in decisions.items() if d.active} == active, phase
             assert decisions[name].value == pytest.approx(value, abs=0.1), phase
@@ -64,11 +66,16 @@ async def test_replay_drives_decisions_through_every_phase(autojump_clock: MockC
 @pytest.mark.trio
 async def test_replay_loops_and_readings_stay_fresh(autojump_clock: MockClock) -> None:
     sampler = ReplaySampler.bundled(loop=True)
+    phases: list[str | None] = []
     async with open_test_pipeline(sampler) as pipeline:
         hub = pipeline.hub
-        await anyio.sleep(130.0)
-        assert sampler.statistics().loops == 2
-        assert hub.current.has_fresh_reading(anyio.current_time())
+        for _ in range(130):  # the 56 s recording twice, then part of a third pass
+            await anyio.sleep(1.0)
+            assert hub.current.has_fresh_reading(anyio.current_time())
+            phases.append(sampler.phase)
+    # The recording's compute phase (12 to 25 s in) is entered once in each of three passes.
+    entered = [now for before, now in itertools.pairwise(phases) if now != before]
+    assert entered.count("compute") == 3
 
 
 @pytest.mark.trio

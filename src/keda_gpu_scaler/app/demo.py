@@ -98,7 +98,7 @@ async def run_demo(duration_s: float, every_s: float) -> None:
             started = anyio.current_time()
             lines = 0
             while (elapsed := anyio.current_time() - started) < duration_s:
-                phase = source.statistics().phase or "?"
+                phase = source.phase or "?"
                 rows = [
                     f"t={elapsed:5.1f}s  recorded phase: {phase}",
                     f"{'trigger':<28} {'value':>12} {'target':>11}  activity",

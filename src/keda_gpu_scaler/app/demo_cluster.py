@@ -201,7 +201,7 @@ async def _ready(scaler: RunningScaler) -> None:
 
 def _header(elapsed: float, replays: list[ReplaySampler]) -> list[str]:
     phases = ", ".join(
-        f"{node.name} {replay.statistics().phase or '?'}"
+        f"{node.name} {replay.phase or '?'}"
         for node, replay in zip(CLUSTER_NODES, replays, strict=True)
     )
     return [

@@ -8,7 +8,6 @@ never sees a node with part of its GPUs.
 from __future__ import annotations
 
 import itertools
-from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 
@@ -29,14 +28,6 @@ from keda_gpu_scaler.sources.trace import (
 
 BUNDLED_TRACE = "h200-trace.jsonl"
 BUNDLED_IDENTITY = Identity("GPU-4f60bdab-7290-5bab-ee63-d697ab1e6349", "NVIDIA H200")
-
-
-@dataclass(frozen=True, slots=True)
-class ReplayStatistics:
-    frames_sent: int
-    loops: int
-    phase: str | None
-    last_sent_at: float | None
 
 
 class ReplaySampler:
@@ -66,10 +57,7 @@ class ReplaySampler:
                 f"not {start_at_s!r}"
             )
         self._start_at_s = start_at_s
-        self._sent = 0
-        self._loops = 0
         self._phase: str | None = None
-        self._last_sent_at: float | None = None
 
     @classmethod
     def from_path(cls, path: Path, *, loop: bool = True, start_at_s: float = 0.0) -> ReplaySampler:
@@ -90,8 +78,10 @@ class ReplaySampler:
             frames, name="replay", loop=loop, identity=BUNDLED_IDENTITY, start_at_s=start_at_s
         )
 
-    def statistics(self) -> ReplayStatistics:
-        return ReplayStatistics(self._sent, self._loops, self._phase, self._last_sent_at)
+    @property
+    def phase(self) -> str | None:
+        """The recorded phase of the cycle sent last (the demo shows it); None before one."""
+        return self._phase
 
     async def run(
         self,
@@ -112,7 +102,6 @@ class ReplaySampler:
                     await self._publish(send, cycle)
                 if not self._loop:
                     return
-                self._loops += 1
                 start += self._duration
                 skip = first
 
@@ -127,6 +116,4 @@ class ReplaySampler:
             for f in cycle
         )
         await send.send(Batch(source=self.name, samples=readings))
-        self._sent += len(cycle)
         self._phase = cycle[-1].phase
-        self._last_sent_at = now
