@@ -84,7 +84,9 @@ class LinkFailed(SourceFailure):
 
 
 @dataclass(slots=True)
-class _Counts:
+class _LinkHistory:
+    """What the link's log lines and backoff need to know of its streams so far."""
+
     failing: str | None = None
     """Why the link is down (the latest cause); None while it streams."""
     node: str | None = None
@@ -135,7 +137,7 @@ class AgentLink:
             http2_connection_window_size=window,
             http2_stream_window_size=window,
         )
-        self._counts = _Counts(node=target.node or None)
+        self._history = _LinkHistory(node=target.node or None)
         self._gate = gate or _every
 
     async def run(
@@ -150,7 +152,7 @@ class AgentLink:
             task_status.started()
             while True:
                 detail = await self._stream_once(send)
-                up_since, self._counts.up_since = self._counts.up_since, None
+                up_since, self._history.up_since = self._history.up_since, None
                 healthy = (
                     up_since is not None
                     and anyio.current_time() - up_since > self.backoff.maximum_s
@@ -241,7 +243,7 @@ class AgentLink:
         """What a connection dropped before any answer usually means (an agent that refuses
         the TLS settings closes it after the handshake, or never starts one)."""
         lost = isinstance(exc, StreamTerminatedError | ConnectionResetError)
-        if not lost or self._counts.up_since is not None:
+        if not lost or self._history.up_since is not None:
             return ""
         if self._ssl is None:
             return ", before any answer: does the agent want TLS (--agents-tls-ca)?"
@@ -251,7 +253,7 @@ class AgentLink:
         )
 
     def _streaming(self, reader: StreamReader) -> None:
-        c = self._counts
+        c = self._history
         c.node = reader.node
         c.up_since = anyio.current_time()
         if reader.node is not None:
@@ -271,7 +273,7 @@ class AgentLink:
         c.failing = None
 
     def _failed(self, detail: str, *, after_healthy_stream: bool) -> SourceFault:
-        c = self._counts
+        c = self._history
         if after_healthy_stream:
             c.logged = None
         # Once when the link starts failing and when the cause changes, not every retry, even
