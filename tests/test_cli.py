@@ -13,7 +13,7 @@ from pathlib import Path
 import anyio
 import pytest
 
-from keda_gpu_scaler.app import cli
+from keda_gpu_scaler.app import cli, serve_flags
 from keda_gpu_scaler.app.cli import build_parser
 from keda_gpu_scaler.app.compose import RunningScaler
 from keda_gpu_scaler.app.logs import JsonFormatter
@@ -60,7 +60,7 @@ def test_every_serve_flag_reads_its_environment_variable(
 
 
 def test_the_flag_table_covers_every_serve_flag() -> None:
-    assert {flag.name for flag in cli.SERVE_FLAGS} == set(SERVE_FLAGS) | {
+    assert {flag.name for flag in serve_flags.SERVE_FLAGS} == set(SERVE_FLAGS) | {
         "--tls-cert",
         "--tls-key",
         "--tls-client-ca",
@@ -141,15 +141,17 @@ def test_a_bad_variable_is_not_read_when_its_flag_is_given(
 def test_messages_name_the_variable_a_value_came_from(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("KEDA_GPU_SCALER_METRICS_PORT", "7000")
     args = build_parser().parse_args(["serve", "--probe-port", "7001"])
-    assert cli.named(args, "--metrics-port") == "--metrics-port (KEDA_GPU_SCALER_METRICS_PORT)"
-    assert cli.named(args, "--probe-port") == "--probe-port"
-    assert cli.named(args, "--port") == "--port"
+    assert (
+        serve_flags.named(args, "--metrics-port") == "--metrics-port (KEDA_GPU_SCALER_METRICS_PORT)"
+    )
+    assert serve_flags.named(args, "--probe-port") == "--probe-port"
+    assert serve_flags.named(args, "--port") == "--port"
 
 
 def test_the_stream_limit_default_is_the_servers() -> None:
     from keda_gpu_scaler.serving import server
 
-    assert cli.DEFAULT_MAX_CONCURRENT_STREAMS == server.DEFAULT_MAX_CONCURRENT_STREAMS
+    assert serve_flags.DEFAULT_MAX_CONCURRENT_STREAMS == server.DEFAULT_MAX_CONCURRENT_STREAMS
 
 
 def _cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:

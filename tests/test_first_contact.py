@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from keda_gpu_scaler.app import cli
+from keda_gpu_scaler.app import cli, serve
 
 pytestmark = pytest.mark.slow
 
@@ -127,7 +127,7 @@ def test_metrics_and_probes_may_still_share_a_port() -> None:
     args = cli.build_parser().parse_args(
         ["serve", "--port", "7000", "--metrics-port", "7001", "--probe-port", "7001"]
     )
-    assert cli._listeners(args) == [
+    assert serve._listeners(args) == [
         ("--port", 7000),
         ("--metrics-port", 7001),
         ("--probe-port", 7001),

@@ -21,6 +21,7 @@ _SCALER_MODULES = (
     "keda_gpu_scaler.app.cli",
     "keda_gpu_scaler.app.compose",
     "keda_gpu_scaler.app.demo",
+    "keda_gpu_scaler.app.serve",
     "keda_gpu_scaler.app.simulate",
     "keda_gpu_scaler.app.tap_client",
     "keda_gpu_scaler.serving.tls",

@@ -1,0 +1,164 @@
+"""``keda-gpu-scaler serve``: from the parsed flags to a running scaler, until a signal.
+
+It checks the flags that only make sense together (the TLS files, the ports, a cluster
+scaler's agents), builds the source and the samplers, opens the scaler and serves until
+SIGTERM or SIGINT. Errors name the flag, or the variable its value came from
+(:func:`keda_gpu_scaler.app.serve_flags.named`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import signal
+from functools import partial
+from typing import TYPE_CHECKING
+
+import anyio
+
+from keda_gpu_scaler.app.listen import ListenError, check_listen
+from keda_gpu_scaler.app.serve_flags import named
+
+if TYPE_CHECKING:
+    from keda_gpu_scaler.pipeline.podnamespaces import PodNamespaces
+    from keda_gpu_scaler.pipeline.supervisor import Sampler
+    from keda_gpu_scaler.serving.tls import ReloadingTlsContext
+
+log = logging.getLogger("keda_gpu_scaler")
+
+
+def run_serve(args: argparse.Namespace) -> int:
+    """Serve until a signal; the exit status (0)."""
+    return anyio.run(_serve, args, backend="asyncio")
+
+
+def _tls(args: argparse.Namespace) -> ReloadingTlsContext | None:
+    from keda_gpu_scaler.serving.tls import ReloadingTlsContext, TlsConfig, TlsConfigError
+
+    if args.tls_cert is None and args.tls_key is None:
+        if args.tls_client_ca is not None:
+            raise TlsConfigError("--tls-client-ca needs --tls-cert and --tls-key")
+        return None
+    if args.tls_cert is None or args.tls_key is None:
+        raise TlsConfigError("--tls-cert and --tls-key go together")
+    return ReloadingTlsContext(TlsConfig(args.tls_cert, args.tls_key, args.tls_client_ca))
+
+
+def _listeners(args: argparse.Namespace) -> list[tuple[str, int]]:
+    """The ports to listen on, named as the user gave them; refuses gRPC on an HTTP port."""
+    grpc = (named(args, "--port"), args.port)
+    http = [
+        (named(args, f), p)
+        for f, p in (("--metrics-port", args.metrics_port), ("--probe-port", args.probe_port))
+        if p
+    ]
+    for name, number in http:
+        if number == args.port:
+            raise ListenError(
+                f"{name} {number} is also the gRPC port ({grpc[0]}): give it a port of its own "
+                "(only the metrics and probe ports may share one)"
+            )
+    return [grpc, *http]
+
+
+def _cluster_sources(
+    args: argparse.Namespace,
+) -> tuple[Sampler, list[Sampler], PodNamespaces]:
+    """A cluster scaler: links to the node agents, and the pods of every node, of the
+    namespaces ``--pod-namespaces`` says (which the decider is given too)."""
+    from keda_gpu_scaler.app.compose import build_agents_source, build_cluster_pods
+    from keda_gpu_scaler.domain.errors import SourceUnavailable
+    from keda_gpu_scaler.pipeline.podnamespaces import PodNamespaces
+    from keda_gpu_scaler.sources.agents import AgentTlsConfig
+
+    if not args.agents:
+        raise SourceUnavailable(
+            f"--source agents needs {named(args, '--agents')}: where the node agents are "
+            "(endpoints:NAMESPACE/SERVICE:PORT, dns:HOST:PORT or static:HOST:PORT)"
+        )
+    tls = None
+    if (
+        args.agents_tls_ca
+        or args.agents_tls_cert
+        or args.agents_tls_key
+        or args.agents_tls_server_name
+    ):
+        tls = AgentTlsConfig(
+            args.agents_tls_ca,
+            args.agents_tls_cert,
+            args.agents_tls_key,
+            args.agents_tls_server_name,
+        )
+    namespaces = PodNamespaces.parse(args.pod_namespaces)
+    source = build_agents_source(args.agents, tls=tls)
+    return source, build_cluster_pods(namespaces), namespaces
+
+
+async def _serve(args: argparse.Namespace) -> int:
+    from keda_gpu_scaler.app.compose import (
+        AttributionOptions,
+        EngineOptions,
+        build_attribution,
+        build_source,
+        freeze_startup_objects,
+        open_scaler,
+    )
+    from keda_gpu_scaler.sources.engines.http import ScrapePolicy
+
+    pod_namespaces = None
+    if args.source == "agents":
+        source, attribution, pod_namespaces = _cluster_sources(args)
+    else:
+        source = build_source(args.source, interval_s=args.interval)
+        attribution = build_attribution(
+            AttributionOptions(
+                socket_path=args.pod_resources_socket,
+                interval_s=args.pod_resources_interval,
+                resource_names=args.gpu_resource_names,
+                node_name=args.node_name,
+            )
+        )
+    tls = _tls(args)
+    check_listen(named(args, "--host"), args.host, _listeners(args))
+    with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+        async with (
+            open_scaler(
+                source,
+                samplers=attribution,
+                node_name=args.node_name,
+                pod_namespaces=pod_namespaces,
+                host=args.host,
+                port=args.port,
+                max_concurrent_streams=args.max_concurrent_streams,
+                ssl=None if tls is None else tls.context,
+                metrics_port=args.metrics_port or None,
+                probe_port=args.probe_port or None,
+                health_check_interval_s=args.health_check_interval,
+                engine_options=EngineOptions(
+                    interval_s=args.engine_interval,
+                    idle_stop_s=args.engine_idle_stop,
+                    policy=ScrapePolicy(allowed_networks=args.engine_allowed_networks),
+                ),
+            ) as running,
+            anyio.create_task_group() as tg,
+        ):
+            if tls is not None:
+                tg.start_soon(partial(tls.watch, interval_s=args.tls_reload_interval))
+            log.info(
+                "serving",
+                extra={
+                    "host": args.host,
+                    "port": running.port,
+                    "metrics_port": running.metrics_port,
+                    "probe_port": running.probe_port,
+                    "source": source.name,
+                    "tls": "off" if tls is None else "mtls" if args.tls_client_ca else "tls",
+                },
+            )
+            freeze_startup_objects()
+            async for signum in signals:
+                log.info("shutting down", extra={"signal": signal.Signals(signum).name})
+                break
+            tg.cancel_scope.cancel()
+    log.info("stopped")
+    return 0
