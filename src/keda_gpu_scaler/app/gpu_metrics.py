@@ -33,6 +33,7 @@ try:
         gpu_scope,
         parse_device_list,
     )
+    from keda_gpu_scaler.app.serve_flags import DEFAULT_POD_RESOURCES_SOCKET
     from keda_gpu_scaler.domain.attribution import attribute
     from keda_gpu_scaler.domain.snapshot import DeviceState, Snapshot
 
@@ -48,7 +49,6 @@ FORMATS = ("table", "json", "csv", "jsonl")
 FIRST_READING_TIMEOUT_S = 10.0
 ATTRIBUTION_TIMEOUT_S = 3.0
 """How long to wait for the kubelet's first answer before showing the GPUs without it."""
-DEFAULT_POD_RESOURCES_SOCKET = "/var/lib/kubelet/pod-resources/kubelet.sock"
 
 
 class Plan(msgspec.Struct, frozen=True):
