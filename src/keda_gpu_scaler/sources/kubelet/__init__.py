@@ -6,7 +6,7 @@ into device holders (sans-I/O), ``client`` is the one seam to the kubelet's unix
 ``_proto`` is generated from ``protos/kubelet/podresources/v1/api.proto``.
 """
 
-from keda_gpu_scaler.sources.kubelet.client import DEFAULT_SOCKET_PATH, PodResourcesFailed
+from keda_gpu_scaler.sources.kubelet.client import PodResourcesFailed
 from keda_gpu_scaler.sources.kubelet.convert import holders_of
 from keda_gpu_scaler.sources.kubelet.resources import DEFAULT_RESOURCE_NAMES, ResourceNames
 from keda_gpu_scaler.sources.kubelet.sampler import (
@@ -18,7 +18,6 @@ from keda_gpu_scaler.sources.kubelet.sampler import (
 __all__ = [
     "DEFAULT_INTERVAL_S",
     "DEFAULT_RESOURCE_NAMES",
-    "DEFAULT_SOCKET_PATH",
     "PodResourcesFailed",
     "PodResourcesSampler",
     "ResourceNames",

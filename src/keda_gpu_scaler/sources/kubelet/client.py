@@ -19,8 +19,6 @@ from keda_gpu_scaler.sources.kubelet._proto.v1 import (
     PodResourcesListerStub,
 )
 
-DEFAULT_SOCKET_PATH = "/var/lib/kubelet/pod-resources/kubelet.sock"
-
 
 class PodResourcesFailed(SourceFailure):
     """One ``List`` failed; the message names the socket and the cause. Retry next tick."""
