@@ -10,13 +10,21 @@ result goes through ``StreamReader.receive`` as a link does. Prints microseconds
 (median of the rounds) and the ratios side by side, and the share of one core that 1000
 agents at one update a second would take; writes JSON.
 
+``--baseline TREE`` also decodes each update with the codec of the checkout at TREE (its
+``codec.py`` loaded by path into this process), alternating with this tree's in three times
+as many rounds, and prints the ratio: a comparison that the machine's noise between two runs
+does not blur.
+
 Usage: python benchmarks/agent_decode.py [--iterations 500] [--rounds 7] [--json OUT]
+                                         [--baseline TREE]
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import statistics
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -172,21 +180,54 @@ def measure(data: bytes, iterations: int, rounds: int) -> dict[str, Any]:
     }
 
 
+def baseline_decoder(tree: Path) -> Callable[[bytes], object]:
+    """``decode_update`` of the codec in another checkout, loaded from its file under a name
+    of its own, so both decoders run in one process (its imports resolve to this tree)."""
+    path = tree / "src" / "keda_gpu_scaler" / "sources" / "agents" / "codec.py"
+    spec = importlib.util.spec_from_file_location("baseline_codec", path)
+    if spec is None or spec.loader is None:
+        raise SystemExit(f"--baseline: no codec at {path}")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up while it loads
+    spec.loader.exec_module(module)
+    decode: Callable[[bytes], object] = module.decode_update
+    return decode
+
+
+def compare(
+    data: bytes, baseline: Callable[[bytes], object], iterations: int, rounds: int
+) -> dict[str, Any]:
+    """Median µs per decode of this tree's codec and ``baseline``, alternating in rounds."""
+    times: dict[str, list[float]] = {"baseline": [], "current": []}
+    for _ in range(rounds):
+        times["baseline"].append(_per_call_us(lambda: baseline(data), iterations))
+        times["current"].append(_per_call_us(lambda: decode_update(data), iterations))
+    us = {name: round(statistics.median(values), 2) for name, values in times.items()}
+    return {
+        "codec_decode_us": us,
+        "current_over_baseline": round(us["current"] / us["baseline"], 3),
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--iterations", type=int, default=500, help="calls per timed round")
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--json", type=Path, default=DEFAULT_JSON)
+    parser.add_argument("--baseline", type=Path, help="another checkout: compare its codec")
     args = parser.parse_args()
     updates = {
         "8 GPUs (cluster_scale's typical update)": _Agents(10).message(3, 1, False),
         "8 GPUs, every reading": every_reading_update(),
         "56 MIG instances, 56 holders": mig_update(),
     }
+    baseline = baseline_decoder(args.baseline) if args.baseline else None
     results = []
     for name, data in updates.items():
         result = {"update": name, "iterations": args.iterations, "rounds": args.rounds}
         result |= measure(data, args.iterations, args.rounds)
+        if baseline is not None:
+            result["baseline"] = compare(data, baseline, args.iterations, 3 * args.rounds)
         results.append(result)
         _print(result)
     write_json(args.json, results)
@@ -207,6 +248,12 @@ def _print(result: dict[str, Any]) -> None:
     for label, before, after in rows:
         print(f"  {label:24s} {before:12.1f} {after:10.1f} {before / after:6.1f}x")
     print(f"  {'core share, 1000 agents':24s} {share['betterproto2']:12.1%} {share['codec']:10.1%}")
+    if "baseline" in result:
+        us = result["baseline"]["codec_decode_us"]
+        print(
+            f"  codec decode, baseline tree {us['baseline']:.1f} us, this tree {us['current']:.1f} "
+            f"us: {result['baseline']['current_over_baseline']:.2f}x"
+        )
 
 
 if __name__ == "__main__":

@@ -107,8 +107,12 @@ class _EventsProcessor(EventsProcessor):
                 waiting.set()
 
 
-_FEED_BYTES = 2048
-"""Received bytes parsed per event-loop turn: about 30 new streams' headers, 10 to 40 ms."""
+_DIRECT_BYTES = 2048
+"""A read this small (a few requests) is parsed at once."""
+_FEED_BYTES = 256
+"""Of a larger read (a burst of new streams), parsed per event-loop turn: about four new
+streams' headers, a few milliseconds. 2 KiB held the loop three times as long in a burst of
+a thousand opens (docs/benchmarks.md, "Burst of 1000 streams opened at once")."""
 _BATCH_BYTES = 4096
 """Written at once when this much is pending: about 150 StreamIsActive messages."""
 
@@ -211,14 +215,14 @@ class _StreamLimitProtocol(H2Protocol):
         self.processor = _EventsProcessor(self.handler, self.connection)
 
     def data_received(self, data: bytes) -> None:
-        """Parse at most ``_FEED_BYTES`` per turn of the event loop.
+        """Parse a large read ``_FEED_BYTES`` per turn of the event loop.
 
         A client that opens a thousand streams at once sends their headers in one read, and
         h2 parses it in one go: a third of a second in which nothing else runs, not the
         samplers, not the unary calls already parsed. Fed in slices, with reading paused
         while a backlog is left, every other task gets its turn between them.
         """
-        if not self._backlog and len(data) <= _FEED_BYTES:
+        if not self._backlog and len(data) <= _DIRECT_BYTES:
             super().data_received(data)
             return
         start = not self._backlog
