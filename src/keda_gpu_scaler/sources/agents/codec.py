@@ -120,23 +120,17 @@ def _runs(plan: _Plan, names: tuple[str, ...]) -> None:
         while (f := plan.fields.get(number + len(tags) + 1)) is not None and f.kind == "double":
             if names.index(f.name) != slot + len(tags) + 1:
                 break
-            encoded = _varint_bytes(f.number << 3 | _FIXED64)
-            if len(encoded) > 2:
+            next_tag = f.number << 3 | _FIXED64
+            if next_tag >= 1 << 14:  # a 3-byte tag: not in a run
                 break
-            tags.append((encoded[0], encoded[1] if len(encoded) == 2 else -1))
-            formats.append(formats[-1] + "x" * len(encoded) + "d")
+            if next_tag < 0x80:
+                tags.append((next_tag, -1))
+            else:
+                tags.append((next_tag & 0x7F | 0x80, next_tag >> 7))
+            formats.append(formats[-1] + ("x" if next_tag < 0x80 else "xx") + "d")
         if tags:
             unpack = tuple(struct.Struct(f).unpack_from for f in formats)
             plan.by_tag[tag] = (slot, _DOUBLE, _Run(tuple(tags), unpack))
-
-
-def _varint_bytes(value: int) -> bytes:
-    out = bytearray()
-    while value >= 0x80:
-        out.append(value & 0x7F | 0x80)
-        value >>= 7
-    out.append(value)
-    return bytes(out)
 
 
 def _compile(schema: dict[type[msgspec.Struct], tuple[Field, ...]]) -> dict[type, _Plan]:
