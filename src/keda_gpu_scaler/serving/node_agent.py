@@ -44,7 +44,7 @@ from keda_gpu_scaler._proto_agent.kedagpuscaler.v1 import (
     WatchNodeRequest,
 )
 from keda_gpu_scaler.domain.samples import OPTIONAL_READINGS, GpuReading, PodResourcesReading
-from keda_gpu_scaler.domain.snapshot import Snapshot
+from keda_gpu_scaler.domain.snapshot import DeviceState, Snapshot, SourceState
 from keda_gpu_scaler.pipeline.hub import SnapshotHub
 from keda_gpu_scaler.serving.status import streaming
 from keda_gpu_scaler.serving.telemetry import Telemetry
@@ -103,15 +103,21 @@ def attribution_lists(
 _Carried = tuple[object, ...]
 
 
-def _carried(snapshot: Snapshot) -> _Carried:
-    """What a NodeReadings says, minus the ages: equal means there is nothing new to send."""
-    devices = tuple((d.key, d.reading, d.lost_reason) for d in snapshot.ordered_devices())
-    faults = tuple(
-        (name, s.fault, s.fault_at)
+def _faulted(snapshot: Snapshot) -> list[tuple[str, SourceState]]:
+    """The sources whose last word was a failure, by name; engines' are not the node's."""
+    return [
+        (name, s)
         for name, s in sorted(snapshot.sources.items())
         if s.fault is not None and name not in snapshot.engines
+    ]
+
+
+def _carried(devices: list[DeviceState], faulted: list[tuple[str, SourceState]]) -> _Carried:
+    """What a NodeReadings says, minus the ages: equal means there is nothing new to send."""
+    return (
+        tuple((d.key, d.reading, d.lost_reason) for d in devices),
+        tuple((name, s.fault, s.fault_at) for name, s in faulted),
     )
-    return devices, faults
 
 
 @dataclass(slots=True)
@@ -124,7 +130,8 @@ class UpdateBuilder:
 
     def update(self, snapshot: Snapshot, now: float) -> NodeReadings | None:
         """The message for ``snapshot`` at ``now``, or None when it would say nothing new."""
-        carried = _carried(snapshot)
+        devices, faulted = snapshot.ordered_devices(), _faulted(snapshot)
+        carried = _carried(devices, faulted)
         attribution = self._new_attribution(snapshot.attribution, now)
         if carried == self._carried and attribution is None:
             return None
@@ -132,7 +139,7 @@ class UpdateBuilder:
         return NodeReadings(
             devices=[
                 device_reading(d.reading, now)
-                for d in snapshot.ordered_devices()
+                for d in devices
                 if d.reading is not None and not d.is_lost()
             ],
             lost=[
@@ -142,13 +149,12 @@ class UpdateBuilder:
                     reason=d.lost_reason or "",
                     lost_for_s=now - (now if d.lost_since is None else d.lost_since),
                 )
-                for d in snapshot.ordered_devices()
+                for d in devices
                 if d.is_lost()
             ],
             faults=[
-                SourceFault(source=name, reason=s.fault, age_s=now - (s.fault_at or now))
-                for name, s in sorted(snapshot.sources.items())
-                if s.fault is not None and name not in snapshot.engines
+                SourceFault(source=name, reason=s.fault or "", age_s=now - (s.fault_at or now))
+                for name, s in faulted
             ],
             attribution=attribution,
         )
