@@ -523,6 +523,37 @@ async def test_the_silence_watchdog_counts_only_waits_for_a_message() -> None:
     watchdog.stop()
 
 
+@pytest.mark.anyio
+async def test_a_full_channel_holds_the_stream_back_and_loses_nothing(
+    link_logs: pytest.LogCaptureFixture,
+) -> None:
+    # The aggregator's channel holds nothing: every hand-over waits for the consumer, which
+    # takes its time; the link pauses the call meanwhile and is never taken for silent.
+    updates = [readings(_device(gpu_utilization=float(i))) for i in range(200)]
+    send, receive = anyio.create_memory_object_stream[Sample](0)
+    async with scripted_agent([identity(NODE, period_s=0.05), *updates], then_hang=False) as agent:
+        link = _link(agent.target, min_idle_s=0.3)
+        values: list[float] = []
+        async with anyio.create_task_group() as tg, receive:
+            await tg.start(link.run, send)
+            with anyio.fail_after(20):
+                async for sample in receive:
+                    if isinstance(sample, Fault):
+                        fault = sample
+                        break
+                    assert isinstance(sample, Batch)
+                    for reading in sample.samples:
+                        assert isinstance(reading, GpuReading)
+                        values.append(reading.gpu_utilization or 0.0)
+                    # A slow consumer, twice slower than the link's silence limit (0.3 s):
+                    # right after the identity, and mid-stream.
+                    await anyio.sleep(0.4 if len(values) in (1, 100) else 0)
+            tg.cancel_scope.cancel()
+    assert values == [float(i) for i in range(200)]
+    assert fault.reason.endswith("the agent ended the stream (shutting down?)")
+    assert _failing_logs(link_logs) == ["the agent ended the stream (shutting down?)"]
+
+
 # --- garbage --------------------------------------------------------------------------------------
 
 CAP = 4096

@@ -26,7 +26,8 @@ __all__ = [
     "parse_agents",
 ]
 
-# The link to each agent's NodeAgent.WatchNode stream: ``link`` the actor (grpclib),
+# The link to each agent's NodeAgent.WatchNode stream: ``link`` the actor (on ``h2call``,
+# one HTTP/2 gRPC call read in its protocol's callbacks),
 # ``updates`` the stream's rules and its updates as samples (sans-I/O), ``tls`` the client
 # side of TLS to the agents.
 from keda_gpu_scaler.sources.agents.link import (

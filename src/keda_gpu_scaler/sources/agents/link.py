@@ -16,9 +16,12 @@ link connects again after :class:`Backoff`'s delay:
   meanwhile go stale by the usual rule, since nothing refreshes them;
 - the agent ending the stream (status OK: it shuts down).
 
-grpclib has no limit on a received message's size and reads a whole message before handing
-it over, so the link reads the 5-byte gRPC prefix itself and refuses a length over the cap
-(``_recv_message``, through grpclib's client stream internals; grpclib is pinned). grpclib
+The call itself is a :class:`~.h2call.WatchCall` on a connection of its own: each message is
+decoded, read by the stream's rules and handed to the aggregator inside the protocol's
+``data_received``, without a task step per message (a thousand agents send a thousand a
+second). While the aggregator's channel is full the call is paused, so HTTP/2 flow control
+holds the agent back, and the link's task waits to hand over what is pending. A length over
+the cap is refused from the message's 5-byte prefix, before the message is read. The call
 runs on asyncio only.
 """
 
@@ -28,28 +31,28 @@ import asyncio
 import logging
 import math
 import ssl
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 from ssl import SSLContext
-from typing import Any
 
 import anyio
 import anyio.lowlevel
 from anyio.abc import TaskStatus
 from anyio.streams.memory import MemoryObjectSendStream
-from grpclib.client import Channel
-from grpclib.client import Stream as ClientStream
-from grpclib.config import Configuration
-from grpclib.const import Cardinality, Status
-from grpclib.exceptions import GRPCError, ProtocolError, StreamTerminatedError
-from grpclib.metadata import decode_grpc_message
 
-from keda_gpu_scaler._proto_agent.kedagpuscaler.v1 import WatchNodeRequest
 from keda_gpu_scaler.domain.backoff import Backoff
 from keda_gpu_scaler.domain.errors import SourceFailure
 from keda_gpu_scaler.domain.samples import AgentTarget, Sample, SourceFault
 from keda_gpu_scaler.sources.agents.codec import CodecError, decode_update
-from keda_gpu_scaler.sources.agents.messages import NodeUpdate
+from keda_gpu_scaler.sources.agents.h2call import (
+    CallAnswered,
+    ConnectionBroke,
+    MessageRefused,
+    NotHttp2,
+    ProtocolViolation,
+    WatchCall,
+)
 from keda_gpu_scaler.sources.agents.updates import BadUpdate, StreamReader, readings_source
 
 log = logging.getLogger(__name__)
@@ -131,12 +134,8 @@ class AgentLink:
         self.backoff = backoff
         self.min_idle_s = min_idle_s
         self._ssl = ssl
-        window = min(max(max_message_bytes, _WINDOW_MIN), _WINDOW_MAX)
-        self._config = Configuration(
-            ssl_target_name_override=server_name or None,
-            http2_connection_window_size=window,
-            http2_stream_window_size=window,
-        )
+        self._server_name = server_name
+        self._window = min(max(max_message_bytes, _WINDOW_MIN), _WINDOW_MAX)
         self._history = _LinkHistory(node=target.node or None)
         self._gate = gate or _every
 
@@ -167,82 +166,64 @@ class AgentLink:
 
     async def _stream_once(self, send: MemoryObjectSendStream[Sample]) -> str:
         """One connection, until it breaks; what broke it."""
-        channel = Channel(self.target.host, self.target.port, ssl=self._ssl, config=self._config)
         try:
-            await self._watch(channel, send)
+            await self._watch(send)
         except LinkFailed as exc:
             return exc.detail
-        except BadUpdate as exc:
+        except (BadUpdate, MessageRefused) as exc:
             return f"sent garbage: {exc}"
-        except GRPCError as exc:
-            said = f"{exc.status.name}: {exc.message}" if exc.message else exc.status.name
+        except CallAnswered as exc:
+            said = (
+                f"{_status_name(exc.code)}: {exc.message}"
+                if exc.message
+                else _status_name(exc.code)
+            )
             return f"answered {said}"
+        except ProtocolViolation as exc:
+            return f"broke the protocol: {exc}" + self._hint(exc)
         except ssl.SSLError as exc:  # before OSError: it is one
             return f"TLS failed: {_ssl_reason(exc)}"
-        except (OSError, ProtocolError, StreamTerminatedError) as exc:
+        except (OSError, ConnectionBroke) as exc:
             return _transport_detail(exc) + self._hint(exc)
-        finally:
-            channel.close()
         return "the agent ended the stream (shutting down?)"
 
-    async def _watch(self, channel: Channel, send: MemoryObjectSendStream[Sample]) -> None:
-        reader = StreamReader(expected_node=self.target.node)
-        async with channel.request(
-            WATCH_NODE, Cardinality.UNARY_STREAM, WatchNodeRequest, NodeUpdate
-        ) as stream:
+    async def _watch(self, send: MemoryObjectSendStream[Sample]) -> None:
+        loop = asyncio.get_running_loop()
+        pump = _Pump(self, send, StreamReader(expected_node=self.target.node), loop.time)
+        call: WatchCall | None = None
+        try:
             with anyio.move_on_after(self.min_idle_s) as opening:
-                await stream.send_message(WatchNodeRequest(), end=True)
-                await _recv_initial_metadata(stream)
-                update = await self._recv(stream)
+                _, call = await loop.create_connection(
+                    pump.call_factory(self),
+                    self.target.host,
+                    self.target.port,
+                    ssl=self._ssl,
+                    server_hostname=(self._server_name or None) if self._ssl else None,
+                )
+                identified = await pump.opened()
             if opening.cancelled_caught:
                 raise LinkFailed(f"no identity within {self.min_idle_s:g} s (hung?)")
-            if update is None:  # ended before a word: its status says why
-                await stream.recv_trailing_metadata()
-                return
-            received_at = anyio.current_time()
-            samples = reader.receive(update, received_at)  # the identity, or refused
-            self._streaming(reader)
-            idle_s = max(IDLE_HEARTBEATS * (reader.heartbeat_s or 0.0), self.min_idle_s)
-            received = 0
-            clock = asyncio.get_running_loop().time  # anyio's clock, without its lookup
-            with anyio.CancelScope() as silence:
-                watchdog = _Watchdog(silence, idle_s)
-                try:
-                    while True:
-                        for sample in samples:
-                            if self._gate(sample):
-                                await _hand_over(send, sample)
-                        received += 1
-                        if received % _YIELD_EVERY == 0:
-                            # A receive that finds its message buffered does not yield: a
-                            # link with a backlog gives the loop a turn now and then.
-                            await anyio.lowlevel.checkpoint()
-                        watchdog.waiting_since = clock()
-                        update = await self._recv(stream)
-                        watchdog.waiting_since = math.inf
-                        if update is None:
-                            break
-                        received_at = clock()
-                        samples = reader.receive(update, received_at)
-                finally:
-                    watchdog.stop()
-            if silence.cancelled_caught:
-                raise LinkFailed(f"no message for {idle_s:g} s (hung?)")
-            await stream.recv_trailing_metadata()  # raises GRPCError unless the status is OK
-
-    async def _recv(self, stream: ClientStream[Any, Any]) -> NodeUpdate | None:
-        data = await _recv_message(stream, self.max_message_bytes)
-        if data is None:
-            return None
-        try:
-            return decode_update(data)
-        except CodecError as exc:
-            raise BadUpdate(f"a message that does not decode ({exc})") from exc
+            assert call is not None
+            if identified:
+                idle_s = max(IDLE_HEARTBEATS * (pump.reader.heartbeat_s or 0.0), self.min_idle_s)
+                with anyio.CancelScope() as silence:
+                    pump.watchdog = _Watchdog(silence, idle_s)
+                    pump.watchdog.waiting_since = math.inf if pump.pending else loop.time()
+                    try:
+                        await pump.run()
+                    finally:
+                        pump.watchdog.stop()
+                if silence.cancelled_caught:
+                    raise LinkFailed(f"no message for {idle_s:g} s (hung?)")
+            call.finished.result()  # raises unless the stream ended with status OK
+        finally:
+            if call is not None:
+                call.close()
 
     def _hint(self, exc: Exception) -> str:
         """What a connection dropped before any answer usually means (an agent that refuses
         the TLS settings closes it after the handshake, or never starts one)."""
-        lost = isinstance(exc, StreamTerminatedError | ConnectionResetError)
+        lost = isinstance(exc, ConnectionBroke | ConnectionResetError | NotHttp2)
         if not lost or self._history.up_since is not None:
             return ""
         if self._ssl is None:
@@ -297,13 +278,132 @@ def _every(sample: Sample) -> bool:
     return True
 
 
-async def _hand_over(send: MemoryObjectSendStream[Sample], sample: Sample) -> None:
-    """``send.send(sample)`` without its turn of the event loop while there is room (a
-    thousand links' updates a second would pay a turn each); waits while there is none."""
-    try:
-        send.send_nowait(sample)
-    except anyio.WouldBlock:
-        await send.send(sample)
+class _Pump:
+    """A link's side of one call: each message decoded, read by the stream's rules and handed
+    to the aggregator inside the call's ``data_received``, without a task step per message.
+
+    While the aggregator's channel is full the call is paused (nothing more is read off the
+    stream, so flow control holds the agent back) and :meth:`run`, the link's task, sends
+    what is pending with ``await``, then resumes the call.
+    """
+
+    def __init__(
+        self,
+        link: AgentLink,
+        send: MemoryObjectSendStream[Sample],
+        reader: StreamReader,
+        clock: Callable[[], float],
+    ) -> None:
+        self.link = link
+        self.reader = reader
+        self.pending: deque[Sample] = deque()
+        self.watchdog: _Watchdog | None = None
+        self._send = send
+        self._gate = link._gate
+        self._clock = clock
+        self._identified = False
+        self._wake = asyncio.Event()
+        self._call: WatchCall | None = None
+
+    def call_factory(self, link: AgentLink) -> Callable[[], WatchCall]:
+        target = link.target
+
+        def make() -> WatchCall:
+            call = WatchCall(
+                authority=f"{target.host}:{target.port}",
+                path=WATCH_NODE,
+                request=b"",  # WatchNodeRequest: no fields
+                on_message=self.on_message,
+                tls=link._ssl is not None,
+                max_message_bytes=link.max_message_bytes,
+                window=link._window,
+                per_turn=_YIELD_EVERY,
+            )
+            call.finished.add_done_callback(lambda _: self._wake.set())
+            self._call = call
+            return call
+
+        return make
+
+    def on_message(self, data: bytes) -> None:
+        try:
+            update = decode_update(data)
+        except CodecError as exc:
+            raise BadUpdate(f"a message that does not decode ({exc})") from exc
+        now = self._clock()
+        samples = self.reader.receive(update, now)  # the identity first, or refused
+        if not self._identified:
+            self._identified = True
+            self.link._streaming(self.reader)
+            self._wake.set()
+        pending = self.pending
+        for sample in samples:
+            if self._gate(sample):
+                if pending:
+                    pending.append(sample)
+                    continue
+                try:
+                    self._send.send_nowait(sample)
+                except anyio.WouldBlock:
+                    pending.append(sample)
+        if pending:
+            assert self._call is not None
+            self._call.pause()
+            self._wake.set()
+            now = math.inf  # a link blocked handing over is not waiting for the agent
+        if self.watchdog is not None:
+            self.watchdog.waiting_since = now
+
+    async def opened(self) -> bool:
+        """Until the identity came (True) or the call ended before it (False)."""
+        assert self._call is not None
+        while not self._identified and not self._call.finished.done():
+            self._wake.clear()
+            await self._wake.wait()
+        return self._identified
+
+    async def run(self) -> None:
+        """Hands over what the full channel left pending, until the call is over."""
+        call = self._call
+        assert call is not None
+        while True:
+            if self.pending:
+                while self.pending:
+                    await self._send.send(self.pending.popleft())
+                if self.watchdog is not None:
+                    self.watchdog.waiting_since = self._clock()
+                call.resume()  # hands over what is buffered; may leave more pending
+                continue
+            if call.finished.done():
+                return
+            self._wake.clear()
+            await self._wake.wait()
+
+
+_STATUS_NAMES = (
+    "OK",
+    "CANCELLED",
+    "UNKNOWN",
+    "INVALID_ARGUMENT",
+    "DEADLINE_EXCEEDED",
+    "NOT_FOUND",
+    "ALREADY_EXISTS",
+    "PERMISSION_DENIED",
+    "RESOURCE_EXHAUSTED",
+    "FAILED_PRECONDITION",
+    "ABORTED",
+    "OUT_OF_RANGE",
+    "UNIMPLEMENTED",
+    "INTERNAL",
+    "UNAVAILABLE",
+    "DATA_LOSS",
+    "UNAUTHENTICATED",
+)
+"""gRPC's status codes by number."""
+
+
+def _status_name(code: int) -> str:
+    return _STATUS_NAMES[code] if 0 <= code < len(_STATUS_NAMES) else f"status {code}"
 
 
 class _Watchdog:
@@ -312,7 +412,7 @@ class _Watchdog:
     One loop timer per ``idle_s`` (seconds) instead of a cancel scope and a timer per message,
     which a thousand links a second would pay for. Only a wait counts: ``waiting_since`` is
     set before each receive and cleared after it, so a hand-over that blocks is not silence.
-    grpclib runs on asyncio only, so the timer is the asyncio loop's.
+    The call runs on asyncio only, so the timer is the asyncio loop's.
     """
 
     __slots__ = ("_handle", "_idle_s", "_loop", "_scope", "waiting_since")
@@ -341,46 +441,6 @@ class _Watchdog:
             self._handle = None
 
 
-async def _recv_initial_metadata(stream: ClientStream[Any, Any]) -> None:
-    """As grpclib's, but an answer without a content type (grpclib's own "method not found",
-    an agent too old for WatchNode) is named by its status, not as a missing header."""
-    try:
-        await stream.recv_initial_metadata()
-    except GRPCError as exc:
-        headers = dict(stream._stream.headers or ())
-        status = headers.get("grpc-status")
-        if exc.status is not Status.UNKNOWN or status is None or not status.isdigit():
-            raise
-        try:
-            said = Status(int(status))
-        except ValueError:
-            raise exc from None
-        message = headers.get("grpc-message")
-        raise GRPCError(said, None if message is None else decode_grpc_message(message)) from exc
-
-
-async def _recv_message(stream: ClientStream[Any, Any], max_bytes: int) -> bytes | None:
-    """The next message's bytes, None at the end of the stream; refuses one over
-    ``max_bytes`` from its length prefix, before reading it.
-
-    grpclib's own ``recv_message`` reads any length the prefix announces. This reads the
-    same buffer (``stream._stream``) under the same wrapper (``stream._wrapper``, which turns
-    a reset or a lost connection into ``StreamTerminatedError``)."""
-    try:
-        with stream._wrapper:
-            prefix = await stream._stream.recv_data(5)
-            if not prefix:
-                return None
-            if prefix[0]:
-                raise BadUpdate("a compressed message, though none was asked for")
-            length = int.from_bytes(prefix[1:], "big")
-            if length > max_bytes:
-                raise BadUpdate(f"a message of {length} bytes, over the cap of {max_bytes} bytes")
-            return await stream._stream.recv_data(length)
-    except AssertionError as exc:  # grpclib's buffer: the stream ended inside a message
-        raise LinkFailed("the stream ended inside a message") from exc
-
-
 _OS_HINTS: tuple[tuple[type[OSError], str], ...] = (
     (ConnectionRefusedError, "connection refused (no agent listening there?)"),
     (ConnectionResetError, "connection reset by the agent"),
@@ -394,9 +454,7 @@ def _transport_detail(exc: Exception) -> str:
             return hint
     if isinstance(exc, OSError):
         return f"cannot connect: {exc.strerror or exc}"
-    if isinstance(exc, StreamTerminatedError):
-        return f"the stream broke ({exc})"
-    return f"the connection broke ({type(exc).__name__}: {exc})"
+    return f"the stream broke ({exc})"
 
 
 def _ssl_reason(exc: ssl.SSLError) -> str:
