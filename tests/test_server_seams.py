@@ -1,4 +1,4 @@
-"""The three places where serving/server.py replaces grpclib's or h2's per-stream walks.
+"""The places where serving/server.py replaces grpclib's or h2's per-stream walks and work.
 
 Each touches a library's internals (pinned: grpclib 0.4.9, h2 4.x); these tests fail loudly
 when an upgrade moves them.
@@ -6,7 +6,10 @@ when an upgrade moves them.
 
 from __future__ import annotations
 
+import ast
 import asyncio
+import inspect
+import textwrap
 from types import SimpleNamespace
 from typing import Any, cast
 
@@ -129,3 +132,38 @@ def test_a_repeated_request_is_decoded_once_and_the_table_stays_bounded() -> Non
     assert codec.decode(ref, ScaledObjectRef) is not codec.decode(ref, ScaledObjectRef)
     with pytest.raises(ValueError, match="max_entries must be at least 1, not 0"):
         server.RepeatedRequests([GetMetricsRequest], max_entries=0)
+
+
+def _body_without_docstring(function: Any) -> list[str]:
+    tree = ast.parse(textwrap.dedent(inspect.getsource(function)))
+    definition = tree.body[0]
+    assert isinstance(definition, ast.FunctionDef)
+    body = definition.body
+    if isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant):
+        body = body[1:]
+    return [ast.dump(statement) for statement in body]
+
+
+def test_receive_frame_is_h2s_own_less_its_trace_line() -> None:
+    # The override copies h2's method; an h2 that changes it must be copied again.
+    theirs = _body_without_docstring(h2.connection.H2Connection._receive_frame)
+    trace = [s for s in theirs if "trace" in s]
+    assert len(trace) == 1
+    theirs.remove(trace[0])
+    assert _body_without_docstring(server._H2Connection._receive_frame) == theirs
+
+
+def test_a_frame_on_a_reset_stream_is_answered_with_a_reset_not_a_connection_error() -> None:
+    # The override's first error path: DATA on a stream the server has reset.
+    client, srv = _pair(10)
+    stream_id = _open(client, end=False)
+    srv.receive_data(client.data_to_send())
+    srv.reset_stream(stream_id)
+    srv.data_to_send()
+    # The client has not seen the reset yet: its DATA crosses it.
+    frame = (4).to_bytes(3, "big") + b"\x00\x00" + stream_id.to_bytes(4, "big") + b"late"
+    assert srv.receive_data(frame) == []
+    answer = srv.data_to_send()
+    assert answer[3] == 0x3  # RST_STREAM
+    assert int.from_bytes(answer[5:9], "big") == stream_id
+    assert srv.state_machine.state is not h2.connection.ConnectionState.CLOSED
