@@ -9,7 +9,9 @@ runs one driver task for all of them:
   (value above the activation threshold, or no usable reading) with the last one;
 - only when that changed are the spec's streams judged one by one (their ScaledObject's
   cooldown entry may hold a higher value), and only a stream whose message is due wakes;
-- otherwise a stream wakes only when its heartbeat is due, or when its cooldown hold ends.
+- otherwise a stream wakes only when its heartbeat is due, or when its cooldown hold ends;
+  each stream beats a little early, by its own amount, so that heartbeats do not come due
+  together (:func:`heartbeat_spread`).
 
 Why this is enough: while the raw value stays above the threshold, the served value (never
 below the raw one) does too; while it stays at or under it, the activity can only change when
@@ -52,6 +54,8 @@ every other task (a unary call, a sampler) getting its own in between."""
 _CLOSED = -math.inf
 _STALE_MARGIN_S = 1e-3
 """Look again this long after a measurement's readings go stale, clear of float rounding."""
+_WAKE_TOLERANCE_S = 1e-3
+"""A heartbeat is due this long before its time: a timer may fire a hair early."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,21 +69,49 @@ class Step:
 class StreamPacer:
     """When a stream sends: at once, on every change of activity, and every ``interval_s``.
 
-    A failed judgement (``active`` None) is never sent; the stream retries an interval later
-    (or sooner, on a change). Pure: the caller owns the clock.
+    The heartbeat comes ``early_s`` before the interval is up (never later), so that streams
+    opened or changed together do not all beat together. A failed judgement (``active``
+    None) is never sent; the stream retries a heartbeat later (or sooner, on a change). Pure:
+    the caller owns the clock.
     """
 
     interval_s: float
+    early_s: float = 0.0
     last: bool | None = None
     sent_at: float = -math.inf
 
+    def __post_init__(self) -> None:
+        if not 0.0 <= self.early_s < self.interval_s:
+            raise ValueError(
+                f"early_s must be at least 0 and under interval_s ({self.interval_s:g} s), "
+                f"not {self.early_s:g}"
+            )
+
     def step(self, active: bool | None, now: float, *, hold_ends_at: float = math.inf) -> Step:
+        beat_s = self.interval_s - self.early_s
         if active is None:
-            return Step(False, now + self.interval_s)
-        send = active != self.last or now - self.sent_at >= self.interval_s
+            return Step(False, now + beat_s)
+        # Due from the very time it asked to be woken at (``now - sent_at`` can round below
+        # ``beat_s`` then, and a loop may wake a timer a hair early): else it never beats.
+        send = active != self.last or now >= self.sent_at + beat_s - _WAKE_TOLERANCE_S
         if send:
             self.last, self.sent_at = active, now
-        return Step(send, min(self.sent_at + self.interval_s, hold_ends_at))
+        return Step(send, min(self.sent_at + beat_s, hold_ends_at))
+
+
+_SPREAD_SHARE, _SPREAD_MAX_S = 0.2, 2.0
+"""Heartbeats are spread over a fifth of the interval, 2 s at most."""
+_GOLDEN = (math.sqrt(5) - 1) / 2
+
+
+def heartbeat_spread(interval_s: float, n: int) -> float:
+    """How early the ``n``-th stream opened beats: spread evenly over the first fifth of the
+    interval (2 s at most) however many streams there are, by the golden ratio's sequence.
+
+    A thousand streams that open together (or whose spec changes at once) would otherwise
+    send their heartbeats in the same turns of the event loop, every interval: a third of a
+    second of writes in which every unary call waits."""
+    return (n * _GOLDEN) % 1.0 * min(_SPREAD_SHARE * interval_s, _SPREAD_MAX_S)
 
 
 _Raw = bool | None | Exception
@@ -150,6 +182,7 @@ class StreamRegistry:
         """Streams to judge (new ones, due ones, those whose spec changed), in order;
         ``JUDGE_AT_ONCE`` per turn of the event loop."""
         self._sequence = itertools.count()
+        self._opened = itertools.count()
         self._sleep: anyio.CancelScope | None = None
         self._running = False
         self._closing = False
@@ -168,7 +201,9 @@ class StreamRegistry:
             raise RuntimeError("StreamRegistry.run() has not started")
         if self._closing:
             return
-        stream = _Stream(key, StreamPacer(key.spec.poll_interval_s))
+        interval_s = key.spec.poll_interval_s
+        early_s = heartbeat_spread(interval_s, next(self._opened))
+        stream = _Stream(key, StreamPacer(interval_s, early_s))
         self._open += 1
         self._enqueue(stream)
         self._wake_driver()
