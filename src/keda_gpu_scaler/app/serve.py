@@ -100,8 +100,8 @@ async def _serve(args: argparse.Namespace) -> int:
         EngineOptions,
         build_attribution,
         build_source,
-        freeze_startup_objects,
         open_scaler,
+        tune_garbage_collector,
     )
     from keda_gpu_scaler.sources.engines.http import ScrapePolicy
 
@@ -155,7 +155,7 @@ async def _serve(args: argparse.Namespace) -> int:
                     "tls": "off" if tls is None else "mtls" if args.tls_client_ca else "tls",
                 },
             )
-            freeze_startup_objects()
+            tune_garbage_collector()
             async for signum in signals:
                 log.info("shutting down", extra={"signal": signal.Signals(signum).name})
                 break
