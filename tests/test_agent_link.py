@@ -57,7 +57,7 @@ from keda_gpu_scaler.sources.agents import (
     build_agent_client_context,
 )
 from keda_gpu_scaler.sources.agents.codec import decode_update
-from keda_gpu_scaler.sources.agents.link import _Watchdog
+from keda_gpu_scaler.sources.agents.link import _authority, _Watchdog
 from keda_gpu_scaler.sources.fake import FakeGpuSource
 from keda_gpu_scaler.testing import open_test_pipeline
 from tests.fake_agent import (
@@ -797,3 +797,9 @@ async def test_a_link_found_by_address_takes_its_nodes_name_from_the_identity() 
             agent.kill()
             fault = await running.next_fault()
     assert fault.source == "agent/gpu-node-1"
+
+
+def test_the_calls_authority_brackets_an_ipv6_address() -> None:
+    assert _authority("10.0.0.7", 9400) == "10.0.0.7:9400"
+    assert _authority("gpu-agents.ns.svc", 9400) == "gpu-agents.ns.svc:9400"
+    assert _authority("fd00::7", 9400) == "[fd00::7]:9400"

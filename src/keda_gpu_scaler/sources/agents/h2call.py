@@ -255,12 +255,8 @@ class WatchCall(asyncio.Protocol):
         if not self._paused:
             return
         self._paused = False
-        if self.finished.done() or self._yielding:
-            return
-        try:
-            self._deliver()
-        except Exception as exc:
-            self._fail(exc)
+        if not self._yielding:
+            self._go_on()
 
     def close(self) -> None:
         """Close the connection (the call is cancelled if it is not over)."""
@@ -467,12 +463,13 @@ class WatchCall(asyncio.Protocol):
         asyncio.get_running_loop().call_soon(self._go_on)
 
     def _go_on(self) -> None:
+        """Hand over what is buffered, unless paused or over."""
         self._yielding = False
         if self._paused or self.finished.done():
             return
         try:
             self._deliver()
-        except Exception as exc:
+        except Exception as exc:  # what on_message raised: the call is over
             self._fail(exc)
 
     def _finish(self) -> None:

@@ -310,7 +310,7 @@ class _Pump:
 
         def make() -> WatchCall:
             call = WatchCall(
-                authority=f"{target.host}:{target.port}",
+                authority=_authority(target.host, target.port),
                 path=WATCH_NODE,
                 request=b"",  # WatchNodeRequest: no fields
                 on_message=self.on_message,
@@ -378,6 +378,11 @@ class _Pump:
                 return
             self._wake.clear()
             await self._wake.wait()
+
+
+def _authority(host: str, port: int) -> str:
+    """``:authority`` for ``host`` (an IPv6 address in brackets)."""
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
 _STATUS_NAMES = (
