@@ -9,6 +9,9 @@ per command on stdin:
 - ``h2``: the closed-stream entries h2 keeps, summed over open connections;
 - ``lag``: the longest the event loop was late for a 5 ms timer since the last ``lag``, and
   the longest garbage collection in that time, in seconds;
+- ``census``: how many objects the garbage collector tracks, and the most common types;
+- ``full``: the full (generation 2) garbage collections since the last ``full`` and the
+  longest of them, in seconds;
 - ``flip VALUE`` (``--source flip``): publish a reading of ``VALUE`` % utilization at once
   and answer the ``time.monotonic()`` of the hand-over to the aggregator's channel.
 
@@ -41,10 +44,33 @@ def _rss_bytes() -> int:
         return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 
 
+def _census() -> str:
+    """The most common types the garbage collector tracks (frozen objects left out)."""
+    counts: dict[str, int] = {}
+    for o in gc.get_objects():
+        name = f"{type(o).__module__}.{type(o).__qualname__}"
+        counts[name] = counts.get(name, 0) + 1
+    top = sorted(counts.items(), key=lambda kv: -kv[1])[:15]
+    return f"{sum(counts.values())} " + " ".join(f"{k}={v}" for k, v in top)
+
+
+_CONNECTIONS: list[Any] = []
+"""Weak references to the server's h2 connections, found by one walk of the objects."""
+
+
 def _closed_streams() -> int:
+    """The closed-stream entries h2 keeps, summed over the server's connections. The walk of
+    every object that finds the connections blocks the loop (about 50 ms with a thousand
+    streams), so it runs once, and again only when none of those it found is left."""
+    import weakref
+
     from h2.connection import H2Connection
 
-    return sum(len(o._closed_streams) for o in gc.get_objects() if isinstance(o, H2Connection))
+    alive = [c for c in (ref() for ref in _CONNECTIONS) if c is not None]
+    if not alive:
+        alive = [o for o in gc.get_objects() if isinstance(o, H2Connection)]
+        _CONNECTIONS[:] = [weakref.ref(c) for c in alive]
+    return sum(len(c._closed_streams) for c in alive)
 
 
 class FlipSource:
@@ -96,6 +122,8 @@ class LagMonitor:
     def __init__(self) -> None:
         self.worst = 0.0
         self.worst_gc = 0.0
+        self.full_collections = 0
+        self.worst_full = 0.0
         self._gc_started = 0.0
         gc.callbacks.append(self._gc)
 
@@ -103,7 +131,11 @@ class LagMonitor:
         if phase == "start":
             self._gc_started = time.monotonic()
         else:
-            self.worst_gc = max(self.worst_gc, time.monotonic() - self._gc_started)
+            took = time.monotonic() - self._gc_started
+            self.worst_gc = max(self.worst_gc, took)
+            if info["generation"] == 2:
+                self.full_collections += 1
+                self.worst_full = max(self.worst_full, took)
 
     async def run(self) -> None:
         while True:
@@ -115,6 +147,11 @@ class LagMonitor:
         worst, self.worst = self.worst, 0.0
         worst_gc, self.worst_gc = self.worst_gc, 0.0
         return f"{worst} {worst_gc}"
+
+    def take_full(self) -> str:
+        count, self.full_collections = self.full_collections, 0
+        worst, self.worst_full = self.worst_full, 0.0
+        return f"{count} {worst}"
 
 
 def _control(loop: asyncio.AbstractEventLoop, flip: FlipSource | None, lag: LagMonitor) -> None:
@@ -128,6 +165,10 @@ def _control(loop: asyncio.AbstractEventLoop, flip: FlipSource | None, lag: LagM
             answer = _rss_bytes()
         elif words[0] == "lag":
             answer = lag.take()
+        elif words[0] == "full":
+            answer = lag.take_full()
+        elif words[0] == "census":
+            answer = asyncio.run_coroutine_threadsafe(_on_loop(_census), loop).result()
         elif words[0] == "h2":
             answer = asyncio.run_coroutine_threadsafe(_on_loop(_closed_streams), loop).result()
         elif words[0] == "flip" and flip is not None:
@@ -149,13 +190,16 @@ async def _flip(flip: FlipSource, value: float) -> float:
     return flip.flipped_at[-1]
 
 
-def _freeze_as_serve_does() -> None:
-    """What ``keda-gpu-scaler serve`` does once it is up (a baseline may not do it)."""
+def _collector_as_serve_does() -> None:
+    """What ``keda-gpu-scaler serve`` does to the garbage collector once it is up (a
+    baseline may do less, or nothing)."""
     from keda_gpu_scaler.app import compose
 
-    freeze = getattr(compose, "freeze_startup_objects", None)
-    if freeze is not None:
-        freeze()
+    for name in ("tune_garbage_collector", "freeze_startup_objects"):
+        tune = getattr(compose, name, None)
+        if tune is not None:
+            tune()
+            return
 
 
 async def _main(source_name: str) -> None:
@@ -165,11 +209,7 @@ async def _main(source_name: str) -> None:
     source: Any = flip if flip is not None else build_source(source_name)
     async with open_scaler(source, host=HOST, port=0) as running:
         await running.hub.wait_newer(0)
-        _freeze_as_serve_does()
-        import os as _os
-
-        if _os.environ.get("EXP_FREEZE"):
-            gc.freeze()
+        _collector_as_serve_does()
         loop = asyncio.get_running_loop()
         done = asyncio.Event()
         lag = LagMonitor()

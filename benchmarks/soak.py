@@ -115,6 +115,14 @@ class Window:
     cpu_share: float
     rss_mb: float
     h2_closed_streams: int
+    h2_walk_ms: float
+    """How long counting them took (it blocks the server's loop: in the next window's lag)."""
+    loop_blocked_ms: float
+    """The longest the server's event loop was late for a 5 ms timer in the window..."""
+    longest_gc_ms: float
+    """...and its longest garbage collection."""
+    full_collections: int
+    longest_full_ms: float
 
 
 @dataclass
@@ -323,12 +331,19 @@ async def _report(
     result: Result, server: Server, load: Load, start: float, end: float, every: float
 ) -> None:
     cpu0, t0 = int(server.ask("cpu")), time.monotonic()
+    server.ask("lag")  # from here on
+    server.ask("full")
     seen = 0
     while time.monotonic() < end:
         await asyncio.sleep(min(every, max(0.0, end - time.monotonic())))
         cpu1, t1 = int(server.ask("cpu")), time.monotonic()
         calls = load.unary[seen:]
         seen += len(calls)
+        blocked, collection = (float(x) * 1000 for x in server.ask("lag").split())
+        full, longest_full = server.ask("full").split()
+        h2_asked = time.monotonic()
+        h2_closed = int(server.ask("h2"))  # a walk of the server's objects, on its loop
+        h2_walk_ms = (time.monotonic() - h2_asked) * 1000
         window = Window(
             at_s=round(t1 - start, 1),
             errors=sum(load.errors.values()),
@@ -338,16 +353,26 @@ async def _report(
             messages_per_stream=sum(load.messages) / len(load.messages),
             cpu_share=(cpu1 - cpu0) / 1e9 / (t1 - t0),
             rss_mb=_mb(server.ask("rss")),
-            h2_closed_streams=int(server.ask("h2")),
+            h2_closed_streams=h2_closed,
+            h2_walk_ms=h2_walk_ms,
+            loop_blocked_ms=blocked,
+            longest_gc_ms=collection,
+            full_collections=int(full),
+            longest_full_ms=float(longest_full) * 1000,
         )
         cpu0, t0 = cpu1, t1
         result.windows.append(window)
+        if os.environ.get("SOAK_CENSUS"):
+            print(f"  census: {server.ask('census')}", flush=True)
         print(
             f"  {result.name:>9} t={window.at_s:6.0f}s errors={window.errors} "
             f"alive={window.streams_alive} p50={window.unary_p50_ms:.2f}ms "
             f"p99={window.unary_p99_ms:.2f}ms msgs/stream={window.messages_per_stream:.1f} "
             f"cpu={window.cpu_share:.1%} rss={window.rss_mb:.1f}MB "
-            f"h2_closed={window.h2_closed_streams}",
+            f"h2_closed={window.h2_closed_streams} (counted in {window.h2_walk_ms:.0f}ms) "
+            f"blocked={window.loop_blocked_ms:.0f}ms "
+            f"gc={window.longest_gc_ms:.0f}ms full_gc={window.full_collections}"
+            f"/{window.longest_full_ms:.0f}ms",
             flush=True,
         )
 
