@@ -278,18 +278,20 @@ def test_tap_command_without_a_server_is_one_line_and_exit_1() -> None:
     assert len(result.stderr.strip().splitlines()) == 1
 
 
-def test_serving_freezes_start_up_objects_and_makes_full_collections_rarer() -> None:
+def test_serving_freezes_start_up_objects_and_makes_collections_smaller_and_full_ones_rarer() -> (
+    None
+):
     # In a process of its own: the collector's settings are the whole process's.
     probe = (
         "import gc\n"
-        "from keda_gpu_scaler.app.compose import FULL_COLLECTION_AFTER, tune_garbage_collector\n"
+        "from keda_gpu_scaler.app import compose\n"
         "before = gc.get_threshold()\n"
-        "tune_garbage_collector()\n"
+        "compose.tune_garbage_collector()\n"
         "after = gc.get_threshold()\n"
-        "print(gc.get_freeze_count() > 1000, before[:2] == after[:2], after[2], "
-        "FULL_COLLECTION_AFTER)\n"
+        "print(gc.get_freeze_count() > 1000, before[0] == after[0], *after[1:], "
+        "compose.MIDDLE_COLLECTION_AFTER, compose.FULL_COLLECTION_AFTER)\n"
     )
     done = subprocess.run(
         [sys.executable, "-c", probe], capture_output=True, text=True, timeout=60, check=True
     )
-    assert done.stdout.split() == ["True", "True", "100", "100"]
+    assert done.stdout.split() == ["True", "True", "2", "500", "2", "500"]
