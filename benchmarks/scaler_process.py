@@ -10,8 +10,8 @@ per command on stdin:
 - ``lag``: the longest the event loop was late for a 5 ms timer since the last ``lag``, and
   the longest garbage collection in that time, in seconds;
 - ``census``: how many objects the garbage collector tracks, and the most common types;
-- ``full``: the full (generation 2) garbage collections since the last ``full`` and the
-  longest of them, in seconds;
+- ``collections``: for each generation (young, middle, full), the garbage collections since
+  the last ``collections`` and the longest of them in seconds, six numbers;
 - ``flip VALUE`` (``--source flip``): publish a reading of ``VALUE`` % utilization at once
   and answer the ``time.monotonic()`` of the hand-over to the aggregator's channel.
 
@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import gc
+import os as _os
 import os
 import sys
 import threading
@@ -122,20 +123,29 @@ class LagMonitor:
     def __init__(self) -> None:
         self.worst = 0.0
         self.worst_gc = 0.0
-        self.full_collections = 0
-        self.worst_full = 0.0
+        self.collections = [0, 0, 0]
+        self.worst_by_generation = [0.0, 0.0, 0.0]
         self._gc_started = 0.0
         gc.callbacks.append(self._gc)
 
     def _gc(self, phase: str, info: dict[str, int]) -> None:
         if phase == "start":
+            if info["generation"] == 1 and _os.environ.get("SOAK_GC_DETAIL"):
+                self._young = len(gc.get_objects(0)) + len(gc.get_objects(1))
             self._gc_started = time.monotonic()
         else:
             took = time.monotonic() - self._gc_started
             self.worst_gc = max(self.worst_gc, took)
-            if info["generation"] == 2:
-                self.full_collections += 1
-                self.worst_full = max(self.worst_full, took)
+            generation = info["generation"]
+            self.collections[generation] += 1
+            self.worst_by_generation[generation] = max(self.worst_by_generation[generation], took)
+            if generation == 1 and _os.environ.get("SOAK_GC_DETAIL") and took > 0.008:
+                with open(_os.environ["SOAK_GC_DETAIL"], "a") as out:
+                    print(
+                        f"middle pass {took * 1000:.1f} ms over {self._young} objects, "
+                        f"{info['collected']} collected, {info['uncollectable']} uncollectable",
+                        file=out,
+                    )
 
     async def run(self) -> None:
         while True:
@@ -148,10 +158,10 @@ class LagMonitor:
         worst_gc, self.worst_gc = self.worst_gc, 0.0
         return f"{worst} {worst_gc}"
 
-    def take_full(self) -> str:
-        count, self.full_collections = self.full_collections, 0
-        worst, self.worst_full = self.worst_full, 0.0
-        return f"{count} {worst}"
+    def take_collections(self) -> str:
+        counts, self.collections = self.collections, [0, 0, 0]
+        worst, self.worst_by_generation = self.worst_by_generation, [0.0, 0.0, 0.0]
+        return " ".join(f"{n} {w}" for n, w in zip(counts, worst, strict=True))
 
 
 def _control(loop: asyncio.AbstractEventLoop, flip: FlipSource | None, lag: LagMonitor) -> None:
@@ -165,8 +175,8 @@ def _control(loop: asyncio.AbstractEventLoop, flip: FlipSource | None, lag: LagM
             answer = _rss_bytes()
         elif words[0] == "lag":
             answer = lag.take()
-        elif words[0] == "full":
-            answer = lag.take_full()
+        elif words[0] == "collections":
+            answer = lag.take_collections()
         elif words[0] == "census":
             answer = asyncio.run_coroutine_threadsafe(_on_loop(_census), loop).result()
         elif words[0] == "h2":
