@@ -121,8 +121,10 @@ class Window:
     """The longest the server's event loop was late for a 5 ms timer in the window..."""
     longest_gc_ms: float
     """...and its longest garbage collection."""
-    full_collections: int
-    longest_full_ms: float
+    collections: tuple[int, int, int]
+    """Garbage collections in the window, young, middle and full..."""
+    longest_collection_ms: tuple[float, float, float]
+    """...and the longest of each."""
 
 
 @dataclass
@@ -332,7 +334,7 @@ async def _report(
 ) -> None:
     cpu0, t0 = int(server.ask("cpu")), time.monotonic()
     server.ask("lag")  # from here on
-    server.ask("full")
+    server.ask("collections")
     seen = 0
     while time.monotonic() < end:
         await asyncio.sleep(min(every, max(0.0, end - time.monotonic())))
@@ -340,7 +342,9 @@ async def _report(
         calls = load.unary[seen:]
         seen += len(calls)
         blocked, collection = (float(x) * 1000 for x in server.ask("lag").split())
-        full, longest_full = server.ask("full").split()
+        young, longest_young, middle, longest_middle, full, longest_full = server.ask(
+            "collections"
+        ).split()
         h2_asked = time.monotonic()
         h2_closed = int(server.ask("h2"))  # a walk of the server's objects, on its loop
         h2_walk_ms = (time.monotonic() - h2_asked) * 1000
@@ -357,8 +361,12 @@ async def _report(
             h2_walk_ms=h2_walk_ms,
             loop_blocked_ms=blocked,
             longest_gc_ms=collection,
-            full_collections=int(full),
-            longest_full_ms=float(longest_full) * 1000,
+            collections=(int(young), int(middle), int(full)),
+            longest_collection_ms=(
+                float(longest_young) * 1000,
+                float(longest_middle) * 1000,
+                float(longest_full) * 1000,
+            ),
         )
         cpu0, t0 = cpu1, t1
         result.windows.append(window)
@@ -371,8 +379,11 @@ async def _report(
             f"cpu={window.cpu_share:.1%} rss={window.rss_mb:.1f}MB "
             f"h2_closed={window.h2_closed_streams} (counted in {window.h2_walk_ms:.0f}ms) "
             f"blocked={window.loop_blocked_ms:.0f}ms "
-            f"gc={window.longest_gc_ms:.0f}ms full_gc={window.full_collections}"
-            f"/{window.longest_full_ms:.0f}ms",
+            f"gc={window.longest_gc_ms:.0f}ms collections="
+            + "/".join(
+                f"{n}:{w:.0f}ms"
+                for n, w in zip(window.collections, window.longest_collection_ms, strict=True)
+            ),
             flush=True,
         )
 
