@@ -15,6 +15,10 @@ per command on stdin:
 - ``flip VALUE`` (``--source flip``): publish a reading of ``VALUE`` % utilization at once
   and answer the ``time.monotonic()`` of the hand-over to the aggregator's channel.
 
+With ``SOAK_GC_DETAIL=FILE`` it appends each middle-generation collection over 8 ms (objects
+walked, collected) to FILE; with ``SOAK_STALLS=FILE``, a thread appends where the loop's
+thread is whenever its 5 ms timer is 20 ms late.
+
 It stops at end of input. Run it with ``PYTHONPATH=TREE/src`` to serve another checkout (a
 baseline), which is how the benchmarks compare two versions in one run.
 """
@@ -24,7 +28,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import gc
-import os as _os
 import os
 import sys
 import threading
@@ -123,6 +126,7 @@ class LagMonitor:
     def __init__(self) -> None:
         self.worst = 0.0
         self.worst_gc = 0.0
+        self.ticked = time.monotonic()
         self.collections = [0, 0, 0]
         self.worst_by_generation = [0.0, 0.0, 0.0]
         self._gc_started = 0.0
@@ -130,7 +134,7 @@ class LagMonitor:
 
     def _gc(self, phase: str, info: dict[str, int]) -> None:
         if phase == "start":
-            if info["generation"] == 1 and _os.environ.get("SOAK_GC_DETAIL"):
+            if info["generation"] == 1 and os.environ.get("SOAK_GC_DETAIL"):
                 self._young = len(gc.get_objects(0)) + len(gc.get_objects(1))
             self._gc_started = time.monotonic()
         else:
@@ -139,8 +143,8 @@ class LagMonitor:
             generation = info["generation"]
             self.collections[generation] += 1
             self.worst_by_generation[generation] = max(self.worst_by_generation[generation], took)
-            if generation == 1 and _os.environ.get("SOAK_GC_DETAIL") and took > 0.008:
-                with open(_os.environ["SOAK_GC_DETAIL"], "a") as out:
+            if generation == 1 and os.environ.get("SOAK_GC_DETAIL") and took > 0.008:
+                with open(os.environ["SOAK_GC_DETAIL"], "a") as out:
                     print(
                         f"middle pass {took * 1000:.1f} ms over {self._young} objects, "
                         f"{info['collected']} collected, {info['uncollectable']} uncollectable",
@@ -150,6 +154,7 @@ class LagMonitor:
     async def run(self) -> None:
         while True:
             before = time.monotonic()
+            self.ticked = before
             await asyncio.sleep(0.005)
             self.worst = max(self.worst, time.monotonic() - before - 0.005)
 
@@ -188,6 +193,27 @@ def _control(loop: asyncio.AbstractEventLoop, flip: FlipSource | None, lag: LagM
         print(answer, flush=True)
 
 
+def _watch_stalls(lag: LagMonitor, path: str) -> None:
+    """A thread that, when the loop's 5 ms timer is 15 ms late, writes where the loop's
+    thread is (a stack sample every 5 ms until it runs again) to ``path``."""
+    import traceback
+
+    main = threading.main_thread().ident
+
+    def watch() -> None:
+        while True:
+            time.sleep(0.005)
+            late = time.monotonic() - lag.ticked
+            if late > 0.02 and main is not None:
+                frame = sys._current_frames().get(main)
+                if frame is not None:
+                    stack = "".join(traceback.format_stack(frame, limit=12))
+                    with open(path, "a") as out:
+                        print(f"--- {late * 1000:.0f} ms late\n{stack}", file=out)
+
+    threading.Thread(target=watch, daemon=True, name="stalls").start()
+
+
 async def _on_loop(func: Any) -> Any:
     return func()
 
@@ -224,6 +250,8 @@ async def _main(source_name: str) -> None:
         done = asyncio.Event()
         lag = LagMonitor()
         monitor = asyncio.create_task(lag.run())
+        if os.environ.get("SOAK_STALLS"):
+            _watch_stalls(lag, os.environ["SOAK_STALLS"])
 
         def control() -> None:
             try:
