@@ -1,7 +1,7 @@
 """One WatchNode stream, received: the rules it must keep, and its updates as samples.
 
-Sans-I/O: :class:`StreamReader` takes each decoded ``NodeUpdate`` (what it reads of one is
-:class:`UpdateMessage`) with the cluster's clock at receipt and returns the samples to
+Sans-I/O: :class:`StreamReader` takes each ``NodeUpdate`` as the link's codec decodes it (the
+frozen structs of :mod:`.messages`) with the cluster's clock at receipt and returns the samples to
 publish, or raises :class:`BadUpdate` naming what the agent got wrong. The rules:
 
 - the first message is the agent's identity, and the only one: a second identity (the same
@@ -22,10 +22,9 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Sequence
 from dataclasses import dataclass
 from math import isfinite
-from typing import Protocol, TypeVar
+from typing import TypeVar
 
 from msgspec.structs import astuple
 
@@ -47,7 +46,6 @@ from keda_gpu_scaler.sources.agents import messages
 __all__ = [
     "BadUpdate",
     "StreamReader",
-    "UpdateMessage",
     "attribution_source",
     "readings_source",
 ]
@@ -57,96 +55,6 @@ _MEMORY = ("memory_used_bytes", "memory_total_bytes", "memory_reserved_bytes")
 # Kubernetes node names are RFC 1123 subdomains; an agent falling back to its host name may
 # send capitals or underscores. Never "/", which separates the node from the key.
 _NODE_NAME = re.compile(r"[A-Za-z0-9]([-A-Za-z0-9_.]{0,251}[A-Za-z0-9])?")
-
-
-# What the reader reads of a decoded NodeUpdate, by the proto's field names: the cluster
-# scaler's decoder (``codec``) makes it, and the generated classes the node agent encodes
-# with have it too.
-
-
-class IdentityMessage(Protocol):
-    @property
-    def node_name(self) -> str: ...
-    @property
-    def agent_version(self) -> str: ...
-    @property
-    def sample_period_s(self) -> float: ...
-    @property
-    def heartbeat_s(self) -> float: ...
-
-
-class DeviceMessage(Protocol):
-    """Its optional readings are read by name (``OPTIONAL_READINGS``)."""
-
-    @property
-    def key(self) -> str: ...
-    @property
-    def index(self) -> int: ...
-    @property
-    def uuid(self) -> str: ...
-    @property
-    def name(self) -> str: ...
-    @property
-    def age_s(self) -> float: ...
-    @property
-    def period_s(self) -> float: ...
-    @property
-    def mig_enabled(self) -> bool: ...
-
-
-class LostMessage(Protocol):
-    @property
-    def key(self) -> str: ...
-    @property
-    def index(self) -> int: ...
-    @property
-    def reason(self) -> str: ...
-    @property
-    def lost_for_s(self) -> float: ...
-
-
-class FaultMessage(Protocol):
-    @property
-    def source(self) -> str: ...
-    @property
-    def reason(self) -> str: ...
-    @property
-    def age_s(self) -> float: ...
-
-
-class AttributionMessage(Protocol):
-    """Its holders and DRA devices are read by the domain structs' field names."""
-
-    @property
-    def age_s(self) -> float: ...
-    @property
-    def period_s(self) -> float: ...
-    @property
-    def same_holders(self) -> bool: ...
-    @property
-    def holders(self) -> Sequence[object]: ...
-    @property
-    def dra(self) -> Sequence[object]: ...
-
-
-class ReadingsMessage(Protocol):
-    @property
-    def devices(self) -> Sequence[DeviceMessage]: ...
-    @property
-    def lost(self) -> Sequence[LostMessage]: ...
-    @property
-    def faults(self) -> Sequence[FaultMessage]: ...
-    @property
-    def attribution(self) -> AttributionMessage | None: ...
-
-
-class UpdateMessage(Protocol):
-    @property
-    def identity(self) -> IdentityMessage | None: ...
-    @property
-    def readings(self) -> ReadingsMessage | None: ...
-    @property
-    def heartbeat(self) -> object | None: ...
 
 
 class BadUpdate(SourceFailure):
@@ -167,7 +75,7 @@ class StreamReader:
     _lists: tuple[tuple[DeviceHolder, ...], tuple[DraDevice, ...]] | None = None
 
     def receive(
-        self, update: UpdateMessage, received_at: float
+        self, update: messages.NodeUpdate, received_at: float
     ) -> tuple[PodResourcesReading | Batch, ...]:
         """The samples ``update`` stands for (none for an identity or a heartbeat)."""
         kinds = [
@@ -190,7 +98,7 @@ class StreamReader:
             return ()
         return self._samples(self.node, update.readings, received_at)
 
-    def _identify(self, identity: IdentityMessage) -> None:
+    def _identify(self, identity: messages.NodeIdentity) -> None:
         name = identity.node_name
         if self.node is not None:
             if name != self.node:
@@ -208,7 +116,7 @@ class StreamReader:
         self.agent_version = identity.agent_version
 
     def _samples(
-        self, node: str, readings: ReadingsMessage, received_at: float
+        self, node: str, readings: messages.NodeReadings, received_at: float
     ) -> tuple[PodResourcesReading | Batch, ...]:
         source = readings_source(node)
         samples: list[GpuReading | SourceFault] = []
@@ -247,7 +155,7 @@ class StreamReader:
         return tuple(out)
 
     def _attribution(
-        self, node: str, attribution: AttributionMessage, received_at: float
+        self, node: str, attribution: messages.Attribution, received_at: float
     ) -> PodResourcesReading:
         if attribution.same_holders:
             if self._lists is None:
@@ -280,12 +188,11 @@ if GpuReading.__struct_fields__ != (*_POSITIONAL, *_DEVICE_FIELDS[_READINGS], "n
     raise ImportError("GpuReading's fields and the WatchNode DeviceReading's are out of order")
 
 
-def _reading(device: DeviceMessage, node: str, source: str, received_at: float) -> GpuReading:
+def _reading(
+    device: messages.DeviceReading, node: str, source: str, received_at: float
+) -> GpuReading:
     # A thousand agents' devices a second go through here. A NaN or an infinity is no reading.
-    if type(device) is messages.DeviceReading:
-        values = astuple(device)
-    else:  # a generated message (the node agent's own classes)
-        values = tuple(getattr(device, name) for name in _DEVICE_FIELDS)
+    values = astuple(device)
     readings = values[_READINGS]
     if not isfinite(sum(filter(None, values[_NUMBERS]))):  # one is not finite (or all huge)
         readings = tuple(None if isinstance(v, float) and not isfinite(v) else v for v in readings)
@@ -301,11 +208,11 @@ def _reading(device: DeviceMessage, node: str, source: str, received_at: float) 
     return GpuReading(*(first + readings + (node,)))
 
 
-def _holders(attribution: AttributionMessage) -> tuple[DeviceHolder, ...]:
+def _holders(attribution: messages.Attribution) -> tuple[DeviceHolder, ...]:
     return tuple(_as(DeviceHolder, h) for h in attribution.holders)
 
 
-def _dra(attribution: AttributionMessage) -> tuple[DraDevice, ...]:
+def _dra(attribution: messages.Attribution) -> tuple[DraDevice, ...]:
     return tuple(_as(DraDevice, d) for d in attribution.dra)
 
 
