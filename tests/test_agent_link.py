@@ -57,7 +57,8 @@ from keda_gpu_scaler.sources.agents import (
     build_agent_client_context,
 )
 from keda_gpu_scaler.sources.agents.codec import decode_update
-from keda_gpu_scaler.sources.agents.link import _authority, _Watchdog
+from keda_gpu_scaler.sources.agents.link import _authority
+from keda_gpu_scaler.sources.agents.pump import Watchdog
 from keda_gpu_scaler.sources.fake import FakeGpuSource
 from keda_gpu_scaler.testing import open_test_pipeline
 from tests.fake_agent import (
@@ -519,7 +520,7 @@ async def test_an_agent_that_hangs_mid_stream_goes_stale_and_is_reconnected(
 async def test_the_silence_watchdog_counts_only_waits_for_a_message() -> None:
     # A link blocked handing samples over (the aggregator's channel full) is not silent.
     with anyio.CancelScope() as scope:
-        watchdog = _Watchdog(scope, 0.02)
+        watchdog = Watchdog(scope, 0.02)
         await anyio.sleep(0.1)
         assert not scope.cancel_called
         watchdog.waiting_since = anyio.current_time()

@@ -27,7 +27,8 @@ __all__ = [
 ]
 
 # The link to each agent's NodeAgent.WatchNode stream: ``link`` the actor (on ``h2call``,
-# one HTTP/2 gRPC call read in its protocol's callbacks),
+# one HTTP/2 gRPC call read in its protocol's callbacks, and ``pump``, which hands each
+# message over as it arrives and watches for silence),
 # ``updates`` the stream's rules and its updates as samples (sans-I/O), ``tls`` the client
 # side of TLS to the agents.
 from keda_gpu_scaler.sources.agents.link import (

@@ -31,20 +31,17 @@ import asyncio
 import logging
 import math
 import ssl
-from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 from ssl import SSLContext
 
 import anyio
-import anyio.lowlevel
 from anyio.abc import TaskStatus
 from anyio.streams.memory import MemoryObjectSendStream
 
 from keda_gpu_scaler.domain.backoff import Backoff
 from keda_gpu_scaler.domain.errors import SourceFailure
 from keda_gpu_scaler.domain.samples import AgentTarget, Sample, SourceFault
-from keda_gpu_scaler.sources.agents.codec import CodecError, decode_update
 from keda_gpu_scaler.sources.agents.h2call import (
     CallAnswered,
     ConnectionBroke,
@@ -53,6 +50,7 @@ from keda_gpu_scaler.sources.agents.h2call import (
     ProtocolViolation,
     WatchCall,
 )
+from keda_gpu_scaler.sources.agents.pump import Pump, Watchdog
 from keda_gpu_scaler.sources.agents.updates import BadUpdate, StreamReader, readings_source
 
 log = logging.getLogger(__name__)
@@ -189,12 +187,18 @@ class AgentLink:
 
     async def _watch(self, send: MemoryObjectSendStream[Sample]) -> None:
         loop = asyncio.get_running_loop()
-        pump = _Pump(self, send, StreamReader(expected_node=self.target.node), loop.time)
+        pump = Pump(
+            send,
+            StreamReader(expected_node=self.target.node),
+            clock=loop.time,
+            gate=self._gate,
+            on_identity=self._streaming,
+        )
         call: WatchCall | None = None
         try:
             with anyio.move_on_after(self.min_idle_s) as opening:
                 _, call = await loop.create_connection(
-                    pump.call_factory(self),
+                    lambda: self._call(pump),
                     self.target.host,
                     self.target.port,
                     ssl=self._ssl,
@@ -207,7 +211,7 @@ class AgentLink:
             if identified:
                 idle_s = max(IDLE_HEARTBEATS * (pump.reader.heartbeat_s or 0.0), self.min_idle_s)
                 with anyio.CancelScope() as silence:
-                    pump.watchdog = _Watchdog(silence, idle_s)
+                    pump.watchdog = Watchdog(silence, idle_s)
                     pump.watchdog.waiting_since = math.inf if pump.pending else loop.time()
                     try:
                         await pump.run()
@@ -219,6 +223,20 @@ class AgentLink:
         finally:
             if call is not None:
                 call.close()
+
+    def _call(self, pump: Pump) -> WatchCall:
+        call = WatchCall(
+            authority=_authority(self.target.host, self.target.port),
+            path=WATCH_NODE,
+            request=b"",  # WatchNodeRequest: no fields
+            on_message=pump.on_message,
+            tls=self._ssl is not None,
+            max_message_bytes=self.max_message_bytes,
+            window=self._window,
+            per_turn=_YIELD_EVERY,
+        )
+        pump.attach(call)
+        return call
 
     def _hint(self, exc: Exception) -> str:
         """What a connection dropped before any answer usually means (an agent that refuses
@@ -278,108 +296,6 @@ def _every(sample: Sample) -> bool:
     return True
 
 
-class _Pump:
-    """A link's side of one call: each message decoded, read by the stream's rules and handed
-    to the aggregator inside the call's ``data_received``, without a task step per message.
-
-    While the aggregator's channel is full the call is paused (nothing more is read off the
-    stream, so flow control holds the agent back) and :meth:`run`, the link's task, sends
-    what is pending with ``await``, then resumes the call.
-    """
-
-    def __init__(
-        self,
-        link: AgentLink,
-        send: MemoryObjectSendStream[Sample],
-        reader: StreamReader,
-        clock: Callable[[], float],
-    ) -> None:
-        self.link = link
-        self.reader = reader
-        self.pending: deque[Sample] = deque()
-        self.watchdog: _Watchdog | None = None
-        self._send = send
-        self._gate = link._gate
-        self._clock = clock
-        self._identified = False
-        self._wake = asyncio.Event()
-        self._call: WatchCall | None = None
-
-    def call_factory(self, link: AgentLink) -> Callable[[], WatchCall]:
-        target = link.target
-
-        def make() -> WatchCall:
-            call = WatchCall(
-                authority=_authority(target.host, target.port),
-                path=WATCH_NODE,
-                request=b"",  # WatchNodeRequest: no fields
-                on_message=self.on_message,
-                tls=link._ssl is not None,
-                max_message_bytes=link.max_message_bytes,
-                window=link._window,
-                per_turn=_YIELD_EVERY,
-            )
-            call.finished.add_done_callback(lambda _: self._wake.set())
-            self._call = call
-            return call
-
-        return make
-
-    def on_message(self, data: bytes) -> None:
-        try:
-            update = decode_update(data)
-        except CodecError as exc:
-            raise BadUpdate(f"a message that does not decode ({exc})") from exc
-        now = self._clock()
-        samples = self.reader.receive(update, now)  # the identity first, or refused
-        if not self._identified:
-            self._identified = True
-            self.link._streaming(self.reader)
-            self._wake.set()
-        pending = self.pending
-        for sample in samples:
-            if self._gate(sample):
-                if pending:
-                    pending.append(sample)
-                    continue
-                try:
-                    self._send.send_nowait(sample)
-                except anyio.WouldBlock:
-                    pending.append(sample)
-        if pending:
-            assert self._call is not None
-            self._call.pause()
-            self._wake.set()
-            now = math.inf  # a link blocked handing over is not waiting for the agent
-        if self.watchdog is not None:
-            self.watchdog.waiting_since = now
-
-    async def opened(self) -> bool:
-        """Until the identity came (True) or the call ended before it (False)."""
-        assert self._call is not None
-        while not self._identified and not self._call.finished.done():
-            self._wake.clear()
-            await self._wake.wait()
-        return self._identified
-
-    async def run(self) -> None:
-        """Hands over what the full channel left pending, until the call is over."""
-        call = self._call
-        assert call is not None
-        while True:
-            if self.pending:
-                while self.pending:
-                    await self._send.send(self.pending.popleft())
-                if self.watchdog is not None:
-                    self.watchdog.waiting_since = self._clock()
-                call.resume()  # hands over what is buffered; may leave more pending
-                continue
-            if call.finished.done():
-                return
-            self._wake.clear()
-            await self._wake.wait()
-
-
 def _authority(host: str, port: int) -> str:
     """``:authority`` for ``host`` (an IPv6 address in brackets)."""
     return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
@@ -409,41 +325,6 @@ _STATUS_NAMES = (
 
 def _status_name(code: int) -> str:
     return _STATUS_NAMES[code] if 0 <= code < len(_STATUS_NAMES) else f"status {code}"
-
-
-class _Watchdog:
-    """Cancels ``scope`` once a wait for the next message has lasted ``idle_s``.
-
-    One loop timer per ``idle_s`` (seconds) instead of a cancel scope and a timer per message,
-    which a thousand links a second would pay for. Only a wait counts: ``waiting_since`` is
-    set before each receive and cleared after it, so a hand-over that blocks is not silence.
-    The call runs on asyncio only, so the timer is the asyncio loop's.
-    """
-
-    __slots__ = ("_handle", "_idle_s", "_loop", "_scope", "waiting_since")
-
-    def __init__(self, scope: anyio.CancelScope, idle_s: float) -> None:
-        self._scope = scope
-        self._idle_s = idle_s
-        self._loop = asyncio.get_running_loop()
-        self.waiting_since = math.inf
-        self._handle: asyncio.TimerHandle | None = self._loop.call_at(
-            self._loop.time() + idle_s, self._check
-        )
-
-    def _check(self) -> None:
-        silent_until = self.waiting_since + self._idle_s
-        if self._loop.time() >= silent_until:
-            self._handle = None
-            self._scope.cancel()
-            return
-        due = min(silent_until, self._loop.time() + self._idle_s)
-        self._handle = self._loop.call_at(due, self._check)
-
-    def stop(self) -> None:
-        if self._handle is not None:
-            self._handle.cancel()
-            self._handle = None
 
 
 _OS_HINTS: tuple[tuple[type[OSError], str], ...] = (
