@@ -19,6 +19,7 @@ import h2.events
 import h2.settings
 import pytest
 
+from keda_gpu_scaler.sources.agents import h2call
 from keda_gpu_scaler.sources.agents.h2call import (
     CallAnswered,
     ConnectionBroke,
@@ -491,9 +492,8 @@ def test_settings_that_cannot_work_are_refused() -> None:
         asyncio.run(make(per_turn=0))
 
 
-async def test_a_call_over_a_loopback_socket_to_a_grpclib_style_peer() -> None:
+async def test_a_call_over_a_loopback_socket_to_an_h2_server() -> None:
     """The same call, over a real socket, to an h2 server run on asyncio."""
-    done = asyncio.Event()
 
     class Server(asyncio.Protocol):
         def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -526,8 +526,14 @@ async def test_a_call_over_a_loopback_socket_to_a_grpclib_style_peer() -> None:
             port,
         )
         await asyncio.wait_for(call.finished, 10)
-        done.set()
     finally:
         server.close()
         await server.wait_closed()
     assert received == [b"%d" % i for i in range(50)]
+
+
+def test_a_status_or_error_code_nobody_named_is_still_said() -> None:
+    assert str(CallAnswered(12, "Method not found")) == "UNIMPLEMENTED: Method not found"
+    assert str(CallAnswered(99, None)) == "status 99"
+    peer_error = h2call._error_name
+    assert (peer_error(0x8), peer_error(0x99)) == ("CANCEL", "0x99")

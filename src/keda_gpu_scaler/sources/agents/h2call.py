@@ -40,8 +40,10 @@ import socket
 import struct
 from collections.abc import Callable
 from typing import Final, cast
-from urllib.parse import unquote
 
+from grpclib.const import Status
+from grpclib.metadata import decode_grpc_message
+from h2.errors import ErrorCodes
 from hpack import Decoder, Encoder, HPACKError
 
 __all__ = [
@@ -58,7 +60,7 @@ _DATA, _HEADERS, _PRIORITY, _RST_STREAM, _SETTINGS = 0x0, 0x1, 0x2, 0x3, 0x4
 _PUSH_PROMISE, _PING, _GOAWAY, _WINDOW_UPDATE, _CONTINUATION = 0x5, 0x6, 0x7, 0x8, 0x9
 _END_STREAM, _ACK, _END_HEADERS, _PADDED, _PRIORITY_FLAG = 0x1, 0x1, 0x4, 0x8, 0x20
 # SETTINGS parameters.
-_HEADER_TABLE_SIZE, _ENABLE_PUSH, _INITIAL_WINDOW_SIZE, _MAX_FRAME_SIZE = 0x1, 0x2, 0x4, 0x5
+_ENABLE_PUSH, _INITIAL_WINDOW_SIZE, _MAX_FRAME_SIZE = 0x2, 0x4, 0x5
 _MAX_HEADER_LIST_SIZE = 0x6
 
 _PREFACE: Final = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
@@ -69,22 +71,6 @@ _FRAME_SIZE = 1 << 18
 """The largest frame the agent may send us: a node's update fits in one."""
 _HEADER_BLOCK_MAX = 1 << 16
 """Bytes of one header block (HEADERS and its CONTINUATIONs) at most."""
-_ERROR_NAMES: Final = {
-    0x0: "NO_ERROR",
-    0x1: "PROTOCOL_ERROR",
-    0x2: "INTERNAL_ERROR",
-    0x3: "FLOW_CONTROL_ERROR",
-    0x4: "SETTINGS_TIMEOUT",
-    0x5: "STREAM_CLOSED",
-    0x6: "FRAME_SIZE_ERROR",
-    0x7: "REFUSED_STREAM",
-    0x8: "CANCEL",
-    0x9: "COMPRESSION_ERROR",
-    0xA: "CONNECT_ERROR",
-    0xB: "ENHANCE_YOUR_CALM",
-    0xC: "INADEQUATE_SECURITY",
-    0xD: "HTTP_1_1_REQUIRED",
-}
 _HTTP_TO_GRPC: Final = {
     "400": 13,
     "401": 16,
@@ -122,19 +108,28 @@ class CallAnswered(Exception):
     def __init__(self, code: int, message: str | None) -> None:
         self.code = code
         self.message = message
-        super().__init__(f"status {code}: {message}" if message else f"status {code}")
+        super().__init__(f"{self.status_name}: {message}" if message else self.status_name)
+
+    @property
+    def status_name(self) -> str:
+        """The code's gRPC name (``UNIMPLEMENTED``), or ``status N`` for one gRPC has not."""
+        try:
+            return Status(self.code).name
+        except ValueError:
+            return f"status {self.code}"
 
 
 def _error_name(code: int) -> str:
-    return _ERROR_NAMES.get(code, f"0x{code:x}")
-
-
-def _frame_header(length: int, kind: int, flags: int, stream: int) -> bytes:
-    return length.to_bytes(3, "big") + bytes((kind, flags)) + stream.to_bytes(4, "big")
+    """An HTTP/2 error code's name (``CANCEL``), or the code in hex for one h2 does not know."""
+    try:
+        return ErrorCodes(code).name
+    except ValueError:
+        return f"0x{code:x}"
 
 
 def _encode_frame(kind: int, flags: int, stream: int, payload: bytes = b"") -> bytes:
-    return _frame_header(len(payload), kind, flags, stream) + payload
+    header = len(payload).to_bytes(3, "big") + bytes((kind, flags)) + stream.to_bytes(4, "big")
+    return header + payload
 
 
 class WatchCall(asyncio.Protocol):
@@ -231,9 +226,6 @@ class WatchCall(asyncio.Protocol):
             self._deliver()
         except Exception as exc:  # the peer's fault or on_message's: the call is over
             self._fail(exc)
-
-    def eof_received(self) -> bool | None:
-        return None  # close our side as well; connection_lost follows
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._transport = None
@@ -517,9 +509,4 @@ def _grpc_status(headers: dict[str, str]) -> tuple[int, str | None]:
     if not raw.isdigit():
         return _UNKNOWN, f"Invalid grpc-status: {raw!r}"
     message = headers.get("grpc-message")
-    return int(raw), None if message is None else _percent_decoded(message)
-
-
-def _percent_decoded(value: str) -> str:
-    """grpc-message is percent-encoded UTF-8."""
-    return unquote(value, errors="replace") if "%" in value else value
+    return int(raw), None if message is None else decode_grpc_message(message)

@@ -171,12 +171,7 @@ class AgentLink:
         except (BadUpdate, MessageRefused) as exc:
             return f"sent garbage: {exc}"
         except CallAnswered as exc:
-            said = (
-                f"{_status_name(exc.code)}: {exc.message}"
-                if exc.message
-                else _status_name(exc.code)
-            )
-            return f"answered {said}"
+            return f"answered {exc}"
         except ProtocolViolation as exc:
             return f"broke the protocol: {exc}" + self._hint(exc)
         except ssl.SSLError as exc:  # before OSError: it is one
@@ -299,32 +294,6 @@ def _every(sample: Sample) -> bool:
 def _authority(host: str, port: int) -> str:
     """``:authority`` for ``host`` (an IPv6 address in brackets)."""
     return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
-
-
-_STATUS_NAMES = (
-    "OK",
-    "CANCELLED",
-    "UNKNOWN",
-    "INVALID_ARGUMENT",
-    "DEADLINE_EXCEEDED",
-    "NOT_FOUND",
-    "ALREADY_EXISTS",
-    "PERMISSION_DENIED",
-    "RESOURCE_EXHAUSTED",
-    "FAILED_PRECONDITION",
-    "ABORTED",
-    "OUT_OF_RANGE",
-    "UNIMPLEMENTED",
-    "INTERNAL",
-    "UNAVAILABLE",
-    "DATA_LOSS",
-    "UNAUTHENTICATED",
-)
-"""gRPC's status codes by number."""
-
-
-def _status_name(code: int) -> str:
-    return _STATUS_NAMES[code] if 0 <= code < len(_STATUS_NAMES) else f"status {code}"
 
 
 _OS_HINTS: tuple[tuple[type[OSError], str], ...] = (
