@@ -179,7 +179,8 @@ class WatchCall(asyncio.Protocol):
         self._messages = bytearray()
         """The stream's DATA, not yet handed over as messages."""
         self._block = bytearray()
-        self._block_flags = 0  # the HEADERS frame's flags while CONTINUATIONs are awaited
+        self._block_flags: int | None = None
+        """The HEADERS frame's flags while its block's CONTINUATIONs are awaited."""
         self._headers_seen = False
         self._ended = False  # the peer ended the stream (END_STREAM)
         self._status: tuple[int, str | None] | None = None
@@ -285,7 +286,7 @@ class WatchCall(asyncio.Protocol):
             stream = int.from_bytes(buffer[pos + 5 : pos + 9], "big") & 0x7FFF_FFFF
             payload = buffer[pos + 9 : end]
             pos = end
-            if self._block_flags and kind != _CONTINUATION:
+            if self._block_flags is not None and kind != _CONTINUATION:
                 raise ProtocolViolation("a header block interrupted by another frame")
             if kind == _DATA:
                 self._data(flags, stream, payload)
@@ -329,7 +330,7 @@ class WatchCall(asyncio.Protocol):
         if stream != _STREAM:
             raise ProtocolViolation(f"HEADERS on stream {stream}, not the call's")
         if kind == _CONTINUATION:
-            if not self._block_flags:
+            if self._block_flags is None:
                 raise ProtocolViolation("a CONTINUATION without a header block to continue")
         else:
             if self._ended:
@@ -338,13 +339,14 @@ class WatchCall(asyncio.Protocol):
                 payload = _unpad(payload)
             if flags & _PRIORITY_FLAG:
                 payload = payload[5:]
-            self._block_flags = flags | 0x100  # remembered until END_HEADERS
+            self._block_flags = flags
         self._block += payload
         if len(self._block) > _HEADER_BLOCK_MAX:
             raise ProtocolViolation(f"a header block over {_HEADER_BLOCK_MAX} bytes")
         if not flags & _END_HEADERS:
             return
-        block_flags, self._block_flags = self._block_flags, 0
+        block_flags, self._block_flags = self._block_flags, None
+        assert block_flags is not None
         try:
             # Header names and values as str (raw=False), whatever hpack's annotations say.
             headers = cast(dict[str, str], dict(self._decoder.decode(bytes(self._block))))
