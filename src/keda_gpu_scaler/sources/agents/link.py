@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import math
 import ssl
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -206,12 +205,12 @@ class AgentLink:
             if identified:
                 idle_s = max(IDLE_HEARTBEATS * (pump.reader.heartbeat_s or 0.0), self.min_idle_s)
                 with anyio.CancelScope() as silence:
-                    pump.watchdog = Watchdog(silence, idle_s)
-                    pump.watchdog.waiting_since = math.inf if pump.pending else loop.time()
+                    watchdog = Watchdog(silence, idle_s)
+                    pump.watch(watchdog)
                     try:
                         await pump.run()
                     finally:
-                        pump.watchdog.stop()
+                        watchdog.stop()
                 if silence.cancelled_caught:
                     raise LinkFailed(f"no message for {idle_s:g} s (hung?)")
             call.finished.result()  # raises unless the stream ended with status OK

@@ -50,7 +50,6 @@ class Pump:
         self._gate = gate
         self._on_identity = on_identity
         self._clock = clock
-        self._identified = False
         self._wake = asyncio.Event()
         self._call: WatchCall | None = None
 
@@ -65,9 +64,9 @@ class Pump:
         except CodecError as exc:
             raise BadUpdate(f"a message that does not decode ({exc})") from exc
         now = self._clock()
+        first = self.reader.node is None
         samples = self.reader.receive(update, now)  # the identity first, or refused
-        if not self._identified:
-            self._identified = True
+        if first:
             self._on_identity(self.reader)
             self._wake.set()
         pending = self.pending
@@ -91,10 +90,15 @@ class Pump:
     async def opened(self) -> bool:
         """Until the identity came (True) or the call ended before it (False)."""
         assert self._call is not None
-        while not self._identified and not self._call.finished.done():
+        while self.reader.node is None and not self._call.finished.done():
             self._wake.clear()
             await self._wake.wait()
-        return self._identified
+        return self.reader.node is not None
+
+    def watch(self, watchdog: Watchdog) -> None:
+        """Tell ``watchdog`` when the link starts waiting for the agent (not while blocked)."""
+        self.watchdog = watchdog
+        watchdog.waiting_since = math.inf if self.pending else self._clock()
 
     async def run(self) -> None:
         """Hands over what the full channel left pending, until the call is over."""
