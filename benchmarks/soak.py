@@ -6,8 +6,12 @@ process opens every stream at once on one channel (the burst), with five distinc
 maps over 1000 ScaledObjects as KEDA sends them, while unary GetMetrics and IsActive calls go
 out open-loop at ``--rate`` per second. Every ``--report`` seconds it prints errors, streams
 alive, unary p50/p99 over that window, messages per stream, server CPU as a share of one
-core, server RSS, and h2's table of closed streams. At the end: the burst figures (slowest
-unary call while the streams opened, UNAVAILABLE answers) and the totals after warm-up.
+core, server RSS, h2's table of closed streams, the server's longest loop stall, and its
+young, middle and full garbage collections with the longest of each. At the end: the burst
+figures (slowest unary call while the streams opened, UNAVAILABLE answers) and the totals
+after warm-up. With ``SOAK_CENSUS=1`` every line is followed by the number of objects the
+server's collector tracks and the most common types among them (the count walks every
+object: it stalls the server, so leave it off for figures).
 
 A second client process sends unary calls at 20 per second on a connection of its own for
 the whole run: the streams' own connection carries their headers ahead of any call sent after
