@@ -109,8 +109,8 @@ def heartbeat_spread(interval_s: float, n: int) -> float:
     interval (2 s at most) however many streams there are, by the golden ratio's sequence.
 
     A thousand streams that open together (or whose spec changes at once) would otherwise
-    send their heartbeats in the same turns of the event loop, every interval: a third of a
-    second of writes in which every unary call waits."""
+    send their heartbeats in the same turns of the event loop, every interval: a thousand
+    writes in a row, which every unary call arriving then waits behind."""
     return (n * _GOLDEN) % 1.0 * min(_SPREAD_SHARE * interval_s, _SPREAD_MAX_S)
 
 
