@@ -23,6 +23,7 @@ import pytest
 from keda_gpu_scaler._proto_agent.kedagpuscaler import v1 as proto
 from keda_gpu_scaler.domain.samples import (
     FLOAT_READINGS,
+    Batch,
     DeviceHolder,
     DeviceKey,
     GpuReading,
@@ -220,12 +221,18 @@ def _samples_or_refusal(data: bytes) -> object:
 
 def test_the_stream_reader_reads_or_refuses_every_decoded_update() -> None:
     # Decoding is betterproto2's to the field (above); what the reader makes of it is either
-    # samples or a refusal with its reason, never another error.
+    # samples of this node or a refusal with its reason, never another error.
     made = 0
     for seed in range(300):
         ours = _samples_or_refusal(bytes(random_update(seed)))
-        assert isinstance(ours, str | tuple), seed
-        made += not isinstance(ours, str)
+        if isinstance(ours, str):
+            continue
+        made += 1
+        assert isinstance(ours, tuple), seed
+        for sample in ours:
+            assert sample.source.startswith("agent/gpu-node-1"), (seed, sample)
+            if isinstance(sample, Batch):
+                assert all(str(s.key).startswith("gpu-node-1/") for s in sample.samples if s.key)
     assert made > 20  # not every update refused
 
 
