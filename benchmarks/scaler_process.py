@@ -1,8 +1,14 @@
 """The scaler in a process of its own, driven over stdin, for the soak and reaction benchmarks.
 
 ``python benchmarks/scaler_process.py --source replay|flip`` starts ``open_scaler`` on
-127.0.0.1 (gRPC port 0, no HTTP ports) and prints the bound port. Then it answers one line
-per command on stdin:
+127.0.0.1 (gRPC port 0, no HTTP ports) and prints the bound port. ``--source floor`` serves
+instead a servicer that does no work (prebuilt answers; a stream sends one message, then one
+every default polling interval, as a heartbeat) on the scaler's transport
+(``serving/server.py``): what the gRPC stack costs under a load before the scaler adds
+anything. (grpclib's own server cannot be that floor: it offers h2's default of 100
+concurrent streams per connection, so a thousand streams on one connection never open.)
+Then it answers one line per command on
+stdin:
 
 - ``cpu``: this process's CPU time in ns (all threads);
 - ``rss``: its resident set size in bytes;
@@ -27,11 +33,13 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import gc
 import os
 import sys
 import threading
 import time
+from collections.abc import AsyncIterator
 from typing import Any
 
 import anyio
@@ -238,13 +246,80 @@ def _collector_as_serve_does() -> None:
             return
 
 
-async def _main(source_name: str) -> None:
+def _bare_servicer() -> Any:
+    """An External Scaler that answers at once from prebuilt messages."""
+    from keda_gpu_scaler.domain.trigger import DEFAULT_POLL_INTERVAL_S
+    from keda_gpu_scaler.serving._proto.externalscaler import (
+        ExternalScalerBase,
+        GetMetricSpecResponse,
+        GetMetricsRequest,
+        GetMetricsResponse,
+        IsActiveResponse,
+        MetricSpec,
+        MetricValue,
+        ScaledObjectRef,
+    )
+
+    active = IsActiveResponse(result=True)
+    metrics = GetMetricsResponse(
+        metric_values=[MetricValue(metric_name="m", metric_value=50, metric_value_float=50.0)]
+    )
+    spec = GetMetricSpecResponse(
+        metric_specs=[MetricSpec(metric_name="m", target_size=80, target_size_float=80.0)]
+    )
+
+    class Bare(ExternalScalerBase):
+        async def is_active(self, message: ScaledObjectRef) -> IsActiveResponse:
+            return active
+
+        async def stream_is_active(self, message: ScaledObjectRef) -> AsyncIterator[Any]:
+            while True:
+                yield active
+                await asyncio.sleep(DEFAULT_POLL_INTERVAL_S)
+
+        async def get_metric_spec(self, message: ScaledObjectRef) -> GetMetricSpecResponse:
+            return spec
+
+        async def get_metrics(self, message: GetMetricsRequest) -> GetMetricsResponse:
+            return metrics
+
+    return Bare()
+
+
+@contextlib.asynccontextmanager
+async def _floor() -> AsyncIterator[int]:
+    """The bare servicer on the scaler's transport; yields its port."""
+    from keda_gpu_scaler.serving.server import DEFAULT_MAX_CONCURRENT_STREAMS, _Server
+
+    server = _Server([_bare_servicer()], max_concurrent_streams=DEFAULT_MAX_CONCURRENT_STREAMS)
+    await server.start(HOST, 0)
+    try:
+        listener = server._server
+        assert isinstance(listener, asyncio.Server)
+        yield int(listener.sockets[0].getsockname()[1])
+    finally:
+        server.close()
+        await server.wait_closed()
+
+
+@contextlib.asynccontextmanager
+async def _serving(source_name: str, flip: FlipSource | None) -> AsyncIterator[int]:
+    """The scaler on ``source_name`` (or ``flip``), or a floor server; yields its port."""
     from keda_gpu_scaler.app.compose import build_source, open_scaler
 
-    flip = FlipSource() if source_name == "flip" else None
+    if source_name == "floor":
+        async with _floor() as port:
+            yield port
+        return
     source: Any = flip if flip is not None else build_source(source_name)
     async with open_scaler(source, host=HOST, port=0) as running:
         await running.hub.wait_newer(0)
+        yield running.port
+
+
+async def _main(source_name: str) -> None:
+    flip = FlipSource() if source_name == "flip" else None
+    async with _serving(source_name, flip) as port:
         _collector_as_serve_does()
         loop = asyncio.get_running_loop()
         done = asyncio.Event()
@@ -259,7 +334,7 @@ async def _main(source_name: str) -> None:
             finally:
                 loop.call_soon_threadsafe(done.set)
 
-        print(running.port, flush=True)
+        print(port, flush=True)
         threading.Thread(target=control, daemon=True, name="control").start()
         await done.wait()
         monitor.cancel()
@@ -267,7 +342,11 @@ async def _main(source_name: str) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--source", default="replay", help="replay, replay:PATH, or flip")
+    parser.add_argument(
+        "--source",
+        default="replay",
+        help="replay, replay:PATH, flip, or floor",
+    )
     args = parser.parse_args()
     from keda_gpu_scaler.app.logs import configure_logging
 

@@ -19,10 +19,13 @@ them, and its client is busy with a thousand streams of its own, so the second c
 what the server itself adds.
 
 ``--baseline TREE`` first runs the same soak against the checkout at TREE (its ``src`` on
-PYTHONPATH), so two versions are compared in one run, one after the other.
+PYTHONPATH), so two versions are compared in one run, one after the other. ``--floor`` first
+runs it against a server that does no work (``scaler_process.py --source floor``: prebuilt
+answers on the scaler's own transport), the part of the figures that the gRPC stack costs
+before the scaler adds anything.
 
 Usage: python benchmarks/soak.py [--duration S] [--streams N] [--rate R] [--report S]
-                                 [--baseline TREE] [--json PATH]
+                                 [--baseline TREE] [--floor] [--json PATH]
 """
 
 from __future__ import annotations
@@ -281,11 +284,13 @@ def _probe_figures(
     result.probe_errors = sum(answer["errors"].values())
 
 
-async def run_one(name: str, tree: Path | None, args: argparse.Namespace, pb2_dir: Path) -> Result:
+async def run_one(
+    name: str, tree: Path | None, source: str, args: argparse.Namespace, pb2_dir: Path
+) -> Result:
     import grpc
 
     pb2, pb2_grpc = load_pb2(pb2_dir)
-    server = Server(tree, "replay")
+    server = Server(tree, source)
     prober = _start_probe(server.port, pb2_dir, args.duration)
     result = Result(name, args.duration, args.streams, args.rate)
     try:
@@ -438,6 +443,9 @@ def main() -> None:
     parser.add_argument("--rate", type=float, default=200.0, help="unary calls per second")
     parser.add_argument("--report", type=float, default=30.0, help="seconds between lines")
     parser.add_argument("--baseline", type=Path, help="another checkout to soak first")
+    parser.add_argument(
+        "--floor", action="store_true", help="first soak a server that does no work"
+    )
     parser.add_argument("--json", type=Path, default=DEFAULT_JSON)
     parser.add_argument("--probe", type=int, help=argparse.SUPPRESS)  # the second client
     parser.add_argument("--pb2-dir", type=Path, help=argparse.SUPPRESS)
@@ -445,20 +453,24 @@ def main() -> None:
     if args.probe is not None:
         asyncio.run(probe(args.probe, args.pb2_dir, args.rate, args.duration))
         return
-    runs = [("baseline", args.baseline)] if args.baseline else []
-    runs.append(("current", None))
+    runs: list[tuple[str, Path | None, str]] = []
+    if args.floor:
+        runs.append(("floor", None, "floor"))
+    if args.baseline:
+        runs.append(("baseline", args.baseline, "replay"))
+    runs.append(("current", None, "replay"))
     results = []
     with tempfile.TemporaryDirectory() as pb2_dir:
         generate_pb2(Path(pb2_dir))
-        for name, tree in runs:
+        for name, tree, source in runs:
             print(f"{name}: {args.streams} streams, {args.rate:g} unary/s, {args.duration:g} s")
-            results.append(asyncio.run(run_one(name, tree, args, Path(pb2_dir))))
+            results.append(asyncio.run(run_one(name, tree, source, args, Path(pb2_dir))))
     for result in results:
         print(_summary(result))
-    if len(results) == 2:
-        before, after = results
+    after = results[-1]
+    for before in results[:-1]:
         print(
-            f"ratio current/baseline: CPU {after.cpu_share / before.cpu_share:.2f}, "
+            f"ratio current/{before.name}: CPU {after.cpu_share / before.cpu_share:.2f}, "
             f"unary p99 {after.unary_p99_ms / before.unary_p99_ms:.2f}"
         )
     write_json(args.json, [asdict(r) for r in results])
