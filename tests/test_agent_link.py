@@ -516,17 +516,80 @@ async def test_an_agent_that_hangs_mid_stream_goes_stale_and_is_reconnected(
         assert _failing_logs(link_logs)[0] == "no message for 0.3 s (hung?)"
 
 
+class _FakeTimer:
+    def __init__(self, when: float, callback: Callable[[], object]) -> None:
+        self.when, self.callback, self.cancelled = when, callback, False
+
+    def cancel(self) -> None:
+        self.cancelled = True
+
+
+class _FakeTimers:
+    """A loop's clock and timers, moved on by hand."""
+
+    def __init__(self) -> None:
+        self.now = 100.0
+        self.timers: list[_FakeTimer] = []
+
+    def time(self) -> float:
+        return self.now
+
+    def call_at(self, when: float, callback: Callable[[], object]) -> _FakeTimer:
+        timer = _FakeTimer(when, callback)
+        self.timers.append(timer)
+        return timer
+
+    def advance(self, seconds: float) -> None:
+        """Moves the clock on, running every timer that falls due, in order."""
+        until = self.now + seconds
+        while due := sorted(
+            (t for t in self.timers if not t.cancelled and t.when <= until), key=lambda t: t.when
+        ):
+            timer = due[0]
+            self.timers.remove(timer)
+            self.now = max(self.now, timer.when)
+            timer.callback()
+        self.now = until
+
+    def pending(self) -> list[float]:
+        return [t.when for t in self.timers if not t.cancelled]
+
+
 @pytest.mark.anyio
 async def test_the_silence_watchdog_counts_only_waits_for_a_message() -> None:
     # A link blocked handing samples over (the aggregator's channel full) is not silent.
-    with anyio.CancelScope() as scope:
-        watchdog = Watchdog(scope, 0.02)
-        await anyio.sleep(0.1)
-        assert not scope.cancel_called
-        watchdog.waiting_since = anyio.current_time()
-        await anyio.sleep(5)  # cancelled 0.02 s into the wait
-    assert scope.cancelled_caught
+    # (Under a loop only because a cancel scope needs one: the timers are the fake's.)
+    timers = _FakeTimers()
+    scope = anyio.CancelScope()
+    watchdog = Watchdog(scope, 2.0, timers=timers)
+    assert timers.pending() == [102.0]  # one timer per idle_s, not one per message
+    timers.advance(60.0)  # no wait started: however long, not silent
+    assert not scope.cancel_called
+    assert timers.pending() == [162.0]
+    timers.now = 160.5
+    watchdog.waiting_since = timers.now  # a wait for the next message starts
+    timers.advance(1.5)  # the timer due at 162.0 finds 1.5 s of waiting, and aims for 162.5
+    assert not scope.cancel_called
+    assert timers.pending() == [162.5]
+    timers.advance(0.5)
+    assert scope.cancel_called  # 2 s of waiting: cancelled, on the dot
+    assert timers.pending() == []
+
+
+@pytest.mark.anyio
+async def test_a_message_in_time_keeps_the_watchdog_quiet_and_stop_cancels_its_timer() -> None:
+    timers = _FakeTimers()
+    scope = anyio.CancelScope()
+    watchdog = Watchdog(scope, 2.0, timers=timers)
+    for _ in range(10):  # a message every 1.5 s: each wait ends before 2 s
+        watchdog.waiting_since = timers.now
+        timers.advance(1.5)
+        watchdog.waiting_since = math.inf
+    assert not scope.cancel_called
     watchdog.stop()
+    assert timers.pending() == []
+    timers.advance(100.0)
+    assert not scope.cancel_called
 
 
 @pytest.mark.anyio

@@ -11,6 +11,7 @@ import asyncio
 import math
 from collections import deque
 from collections.abc import Callable
+from typing import Protocol
 
 import anyio
 from anyio.streams.memory import MemoryObjectSendStream
@@ -20,7 +21,7 @@ from keda_gpu_scaler.sources.agents.codec import CodecError, decode_update
 from keda_gpu_scaler.sources.agents.h2call import WatchCall
 from keda_gpu_scaler.sources.agents.updates import BadUpdate, StreamReader
 
-__all__ = ["Pump", "Watchdog"]
+__all__ = ["Pump", "Timer", "Timers", "Watchdog"]
 
 
 class Pump:
@@ -118,25 +119,38 @@ class Pump:
             await self._wake.wait()
 
 
+class Timer(Protocol):
+    def cancel(self) -> None: ...
+
+
+class Timers(Protocol):
+    """What :class:`Watchdog` needs of an event loop: its clock and a timer."""
+
+    def time(self) -> float: ...
+
+    def call_at(self, when: float, callback: Callable[[], object]) -> Timer: ...
+
+
 class Watchdog:
     """Cancels ``scope`` once a wait for the next message has lasted ``idle_s``.
 
     One loop timer per ``idle_s`` (seconds) instead of a cancel scope and a timer per message,
     which a thousand links a second would pay for. Only a wait counts: ``waiting_since`` is
     set before each receive and cleared after it, so a hand-over that blocks is not silence.
-    The call runs on asyncio only, so the timer is the asyncio loop's.
+    The call runs on asyncio only, so the timers are the running asyncio loop's unless
+    ``timers`` says otherwise.
     """
 
     __slots__ = ("_handle", "_idle_s", "_loop", "_scope", "waiting_since")
 
-    def __init__(self, scope: anyio.CancelScope, idle_s: float) -> None:
+    def __init__(
+        self, scope: anyio.CancelScope, idle_s: float, *, timers: Timers | None = None
+    ) -> None:
         self._scope = scope
         self._idle_s = idle_s
-        self._loop = asyncio.get_running_loop()
+        self._loop: Timers = timers if timers is not None else asyncio.get_running_loop()
         self.waiting_since = math.inf
-        self._handle: asyncio.TimerHandle | None = self._loop.call_at(
-            self._loop.time() + idle_s, self._check
-        )
+        self._handle: Timer | None = self._loop.call_at(self._loop.time() + idle_s, self._check)
 
     def _check(self) -> None:
         silent_until = self.waiting_since + self._idle_s
