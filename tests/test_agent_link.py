@@ -72,7 +72,7 @@ from tests.fake_agent import (
     serving_nothing,
 )
 from tests.loopback import loopback_scaler
-from tests.test_tls import SERVICE_NAMES, Authority, Identity
+from tests.test_tls import SERVICE_NAMES, Authority, Identity, _encrypted
 from tests.waiting import wait_until
 
 NODE = "gpu-node-1"
@@ -819,6 +819,11 @@ def test_the_client_context_speaks_h2_from_tls_1_2_and_checks_the_agent(
             "--agents-tls-key {other_key} does not match",
         ),
         ({"cert_file": "cert", "key_file": "junk"}, "no usable PEM certificate chain"),
+        ({"ca_file": "directory"}, "--agents-tls-ca {directory}: is a directory, not a file"),
+        (
+            {"cert_file": "cert", "key_file": "encrypted"},
+            "--agents-tls-key {encrypted}: encrypted; give an unencrypted key",
+        ),
     ],
 )
 def test_bad_agent_tls_settings_name_the_flag_and_the_file(
@@ -831,9 +836,12 @@ def test_bad_agent_tls_settings_name_the_flag_and_the_file(
         "missing": tmp_path / "missing.pem",
         "empty": tmp_path / "empty.pem",
         "junk": tmp_path / "junk.pem",
+        "directory": tmp_path,
+        "encrypted": tmp_path / "encrypted.key",
     }
     paths["empty"].write_text("")
     paths["junk"].write_text("not a certificate\n")
+    paths["encrypted"].write_bytes(_encrypted(agent_pki.cluster.key_file.read_bytes()))
     config: dict[str, Any] = {k: (v if k == "server_name" else paths[v]) for k, v in files.items()}
     with pytest.raises(AgentTlsConfigError) as refused:
         build_agent_client_context(AgentTlsConfig(**config))

@@ -20,9 +20,7 @@ Errors:
 
 from __future__ import annotations
 
-import errno
 import logging
-import re
 import ssl
 import time
 from collections.abc import Callable
@@ -34,6 +32,7 @@ import anyio
 from anyio.abc import TaskStatus
 
 from keda_gpu_scaler.domain.errors import ScalerError
+from keda_gpu_scaler.domain.tls_files import file_error, read_pem, refuse_password, ssl_reason
 
 log = logging.getLogger(__name__)
 
@@ -48,18 +47,7 @@ __all__ = [
 # KEDA >= 2.16 (grpc-go >= 1.67) refuses a TLS server that does not select "h2".
 ALPN_PROTOCOLS = ("h2",)
 
-# "[SSL] PEM lib (_ssl.c:3926)" → "PEM lib"
-_SSL_NOISE = re.compile(r"^\[\w+\] |:? ?\(_ssl\.c:\d+\)$")
-
 HANDSHAKE_LOG_INTERVAL_S = 60.0
-
-# How an OSError from reading a file reads in a message (errno → problem).
-_OS_PROBLEMS = {
-    errno.ENOENT: "not found",
-    errno.EACCES: "not readable (permission denied)",
-    errno.EISDIR: "is a directory, not a file",
-    errno.ENOTDIR: "a parent of it is not a directory",
-}
 
 
 class TlsConfigError(ScalerError):
@@ -210,7 +198,7 @@ def handshake_reason(exc: ssl.SSLError) -> str:
     verify = getattr(exc, "verify_message", None)
     if verify:
         return f"client certificate refused: {verify}"
-    reason = _ssl_reason(exc)
+    reason = ssl_reason(exc)
     hints = {
         "peer did not return a certificate": "the client sent no certificate (mutual TLS)",
         "wrong version number": "the client does not speak TLS (plaintext on the TLS port?)",
@@ -244,17 +232,23 @@ def _stat(path: Path) -> tuple[int, int, int, int] | None:
 
 def _load_chain(context: SSLContext, cert_file: Path, key_file: Path) -> None:
     _check_certificates(cert_file, "certificate")
-    _read(key_file, "private key")
+    read_pem(key_file, "TLS private key", TlsConfigError)
     try:
-        context.load_cert_chain(cert_file, key_file, password=_refuse_password(key_file))
+        context.load_cert_chain(
+            cert_file,
+            key_file,
+            password=refuse_password(
+                f"TLS private key {key_file}: encrypted; give an unencrypted key", TlsConfigError
+            ),
+        )
     except ssl.SSLError as exc:
         if exc.reason == "KEY_VALUES_MISMATCH":
             problem = f"does not match the certificate {cert_file}"
         else:  # the chain was checked above, so what failed to load is the key
-            problem = f"no usable PEM private key in it ({_ssl_reason(exc)})"
+            problem = f"no usable PEM private key in it ({ssl_reason(exc)})"
         raise TlsConfigError(f"TLS private key {key_file}: {problem}") from exc
     except OSError as exc:  # replaced between the check and the load
-        raise _file_error(key_file, "private key", exc) from exc
+        raise file_error(key_file, "TLS private key", exc, TlsConfigError) from exc
 
 
 def _load_client_ca(context: SSLContext, ca_file: Path) -> None:
@@ -262,48 +256,18 @@ def _load_client_ca(context: SSLContext, ca_file: Path) -> None:
     try:
         context.load_verify_locations(cafile=ca_file)
     except ssl.SSLError as exc:
-        raise TlsConfigError(f"TLS client CA {ca_file}: {_ssl_reason(exc)}") from exc
+        raise TlsConfigError(f"TLS client CA {ca_file}: {ssl_reason(exc)}") from exc
     except OSError as exc:
-        raise _file_error(ca_file, "client CA", exc) from exc
+        raise file_error(ca_file, "TLS client CA", exc, TlsConfigError) from exc
     context.verify_mode = ssl.CERT_REQUIRED
 
 
 def _check_certificates(path: Path, what: str) -> None:
     """Parse the PEM certificates in ``path``, so that a bad file is named as such."""
-    pem = _read(path, what).decode("ascii", errors="replace")
+    pem = read_pem(path, f"TLS {what}", TlsConfigError).decode("ascii", errors="replace")
     try:
         SSLContext(PROTOCOL_TLS_CLIENT).load_verify_locations(cadata=pem)
     except ssl.SSLError as exc:
         raise TlsConfigError(
-            f"TLS {what} {path}: no valid PEM certificate in it ({_ssl_reason(exc)})"
+            f"TLS {what} {path}: no valid PEM certificate in it ({ssl_reason(exc)})"
         ) from exc
-
-
-def _read(path: Path, what: str) -> bytes:
-    try:
-        data = path.read_bytes()
-    except OSError as exc:
-        raise _file_error(path, what, exc) from exc
-    if not data.strip():
-        raise TlsConfigError(f"TLS {what} {path}: the file is empty")
-    return data
-
-
-def _file_error(path: Path, what: str, exc: OSError) -> TlsConfigError:
-    problem = _OS_PROBLEMS.get(exc.errno or 0) or f"cannot be read ({exc.strerror or exc})"
-    return TlsConfigError(f"TLS {what} {path}: {problem}")
-
-
-def _refuse_password(key_file: Path) -> Callable[[], str]:
-    # Without a callback OpenSSL would prompt on the terminal for an encrypted key.
-    def refuse() -> str:
-        raise TlsConfigError(f"TLS private key {key_file}: encrypted; give an unencrypted key")
-
-    return refuse
-
-
-def _ssl_reason(exc: ssl.SSLError) -> str:
-    """OpenSSL's reason in a few lower-case words, without CPython's source location."""
-    if exc.reason:
-        return str(exc.reason).replace("_", " ").lower()
-    return _SSL_NOISE.sub("", exc.strerror or str(exc)).lower()

@@ -13,21 +13,15 @@ Errors:
 
 from __future__ import annotations
 
-import errno
 import ssl
 from dataclasses import dataclass
 from pathlib import Path
 from ssl import SSLContext
 
 from keda_gpu_scaler.domain.errors import SourceUnavailable
+from keda_gpu_scaler.domain.tls_files import read_pem, refuse_password, ssl_reason
 
 __all__ = ["AgentTlsConfig", "AgentTlsConfigError", "build_agent_client_context"]
-
-_OS_PROBLEMS = {
-    errno.ENOENT: "not found",
-    errno.EACCES: "not readable (permission denied)",
-    errno.EISDIR: "is a directory, not a file",
-}
 
 
 class AgentTlsConfigError(SourceUnavailable):
@@ -69,12 +63,12 @@ def build_agent_client_context(config: AgentTlsConfig) -> SSLContext | None:
     else:
         # Only the CA given: agents' certificates come from the cluster's own CA.
         context = SSLContext(ssl.PROTOCOL_TLS_CLIENT)
-        _readable(config.ca_file, "--agents-tls-ca")
+        read_pem(config.ca_file, "--agents-tls-ca", AgentTlsConfigError)
         try:
             context.load_verify_locations(cafile=config.ca_file)
         except (ssl.SSLError, OSError) as exc:
             raise AgentTlsConfigError(
-                f"--agents-tls-ca {config.ca_file}: no PEM certificate in it ({_reason(exc)})"
+                f"--agents-tls-ca {config.ca_file}: no PEM certificate in it ({ssl_reason(exc)})"
             ) from exc
     context.minimum_version = ssl.TLSVersion.TLSv1_2
     context.set_alpn_protocols(["h2"])
@@ -84,36 +78,19 @@ def build_agent_client_context(config: AgentTlsConfig) -> SSLContext | None:
 
 
 def _load_chain(context: SSLContext, cert: Path, key: Path) -> None:
-    _readable(cert, "--agents-tls-cert")
-    _readable(key, "--agents-tls-key")
+    read_pem(cert, "--agents-tls-cert", AgentTlsConfigError)
+    read_pem(key, "--agents-tls-key", AgentTlsConfigError)
+    refuse = refuse_password(
+        f"--agents-tls-key {key}: encrypted; give an unencrypted key", AgentTlsConfigError
+    )
     try:
-        context.load_cert_chain(cert, key, password=_refuse)
+        context.load_cert_chain(cert, key, password=refuse)
     except (ssl.SSLError, OSError) as exc:
         if isinstance(exc, ssl.SSLError) and exc.reason == "KEY_VALUES_MISMATCH":
             problem = f"--agents-tls-key {key} does not match --agents-tls-cert {cert}"
         else:
             problem = (
                 f"--agents-tls-cert {cert} and --agents-tls-key {key}: no usable PEM "
-                f"certificate chain and unencrypted key in them ({_reason(exc)})"
+                f"certificate chain and unencrypted key in them ({ssl_reason(exc)})"
             )
         raise AgentTlsConfigError(problem) from exc
-
-
-def _readable(path: Path, flag: str) -> None:
-    try:
-        data = path.read_bytes()
-    except OSError as exc:
-        problem = _OS_PROBLEMS.get(exc.errno or 0) or f"cannot be read ({exc.strerror or exc})"
-        raise AgentTlsConfigError(f"{flag} {path}: {problem}") from exc
-    if not data.strip():
-        raise AgentTlsConfigError(f"{flag} {path}: the file is empty")
-
-
-def _reason(exc: OSError) -> str:
-    reason = getattr(exc, "reason", None)
-    return str(reason or exc.strerror or exc).replace("_", " ").lower()
-
-
-def _refuse() -> str:
-    # Without a callback OpenSSL would prompt on the terminal for an encrypted key.
-    raise AgentTlsConfigError("--agents-tls-key: encrypted; give an unencrypted key")
