@@ -41,6 +41,7 @@ from anyio.streams.memory import MemoryObjectSendStream
 from keda_gpu_scaler.domain.backoff import Backoff
 from keda_gpu_scaler.domain.errors import SourceFailure
 from keda_gpu_scaler.domain.samples import AgentTarget, Sample, SourceFault
+from keda_gpu_scaler.domain.tls_files import ssl_reason
 from keda_gpu_scaler.sources.agents.h2call import (
     CallAnswered,
     ConnectionBroke,
@@ -174,7 +175,7 @@ class AgentLink:
         except ProtocolViolation as exc:
             return f"broke the protocol: {exc}" + self._hint(exc)
         except ssl.SSLError as exc:  # before OSError: it is one
-            return f"TLS failed: {_ssl_reason(exc)}"
+            return f"TLS failed: {_tls_failure(exc)}"
         except (OSError, ConnectionBroke) as exc:
             return _transport_detail(exc) + self._hint(exc)
         return "the agent ended the stream (shutting down?)"
@@ -311,8 +312,8 @@ def _transport_detail(exc: Exception) -> str:
     return f"the stream broke ({exc})"
 
 
-def _ssl_reason(exc: ssl.SSLError) -> str:
+def _tls_failure(exc: ssl.SSLError) -> str:
     verify = getattr(exc, "verify_message", None)
     if verify:
         return f"the agent's certificate is refused: {verify}"
-    return str(exc.reason or exc).replace("_", " ").lower()
+    return ssl_reason(exc)
