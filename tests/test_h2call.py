@@ -19,7 +19,7 @@ import h2.events
 import h2.settings
 import pytest
 
-from keda_gpu_scaler.sources.agents import h2call
+from keda_gpu_scaler.sources.agents import h2wire
 from keda_gpu_scaler.sources.agents.h2call import (
     CallAnswered,
     ConnectionBroke,
@@ -535,5 +535,5 @@ async def test_a_call_over_a_loopback_socket_to_an_h2_server() -> None:
 def test_a_status_or_error_code_nobody_named_is_still_said() -> None:
     assert str(CallAnswered(12, "Method not found")) == "UNIMPLEMENTED: Method not found"
     assert str(CallAnswered(99, None)) == "status 99"
-    peer_error = h2call._error_name
+    peer_error = h2wire.error_name
     assert (peer_error(0x8), peer_error(0x99)) == ("CANCEL", "0x99")

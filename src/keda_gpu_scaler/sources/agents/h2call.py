@@ -39,12 +39,47 @@ import asyncio
 import socket
 import struct
 from collections.abc import Callable
-from typing import Final, cast
+from typing import cast
 
-from grpclib.const import Status
-from grpclib.metadata import decode_grpc_message
-from h2.errors import ErrorCodes
 from hpack import Decoder, Encoder, HPACKError
+
+from keda_gpu_scaler.sources.agents.h2wire import (
+    ACK,
+    CONTINUATION,
+    DATA,
+    DEFAULT_WINDOW,
+    ENABLE_PUSH,
+    END_HEADERS,
+    END_STREAM,
+    FRAME_SIZE,
+    GOAWAY,
+    HEADER_BLOCK_MAX,
+    HEADERS,
+    HTTP_TO_GRPC,
+    INITIAL_WINDOW_SIZE,
+    MAX_FRAME_SIZE,
+    MAX_HEADER_LIST_SIZE,
+    MAX_WINDOW,
+    PADDED,
+    PING,
+    PREFACE,
+    PRIORITY_FLAG,
+    PUSH_PROMISE,
+    RST_STREAM,
+    SETTINGS,
+    STREAM,
+    UNKNOWN,
+    WINDOW_UPDATE,
+    CallAnswered,
+    ConnectionBroke,
+    MessageRefused,
+    NotHttp2,
+    ProtocolViolation,
+    encode_frame,
+    error_name,
+    grpc_status,
+    unpad,
+)
 
 __all__ = [
     "CallAnswered",
@@ -54,82 +89,6 @@ __all__ = [
     "ProtocolViolation",
     "WatchCall",
 ]
-
-# Frame types and flags (RFC 9113, section 6).
-_DATA, _HEADERS, _PRIORITY, _RST_STREAM, _SETTINGS = 0x0, 0x1, 0x2, 0x3, 0x4
-_PUSH_PROMISE, _PING, _GOAWAY, _WINDOW_UPDATE, _CONTINUATION = 0x5, 0x6, 0x7, 0x8, 0x9
-_END_STREAM, _ACK, _END_HEADERS, _PADDED, _PRIORITY_FLAG = 0x1, 0x1, 0x4, 0x8, 0x20
-# SETTINGS parameters.
-_ENABLE_PUSH, _INITIAL_WINDOW_SIZE, _MAX_FRAME_SIZE = 0x2, 0x4, 0x5
-_MAX_HEADER_LIST_SIZE = 0x6
-
-_PREFACE: Final = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
-_STREAM = 1
-_DEFAULT_WINDOW = 65_535
-_MAX_WINDOW = (1 << 31) - 1
-_FRAME_SIZE = 1 << 18
-"""The largest frame the agent may send us: a node's update fits in one."""
-_HEADER_BLOCK_MAX = 1 << 16
-"""Bytes of one header block (HEADERS and its CONTINUATIONs) at most."""
-_HTTP_TO_GRPC: Final = {
-    "400": 13,
-    "401": 16,
-    "403": 7,
-    "404": 12,
-    "429": 14,
-    "502": 14,
-    "503": 14,
-    "504": 14,
-}
-"""HTTP statuses as gRPC codes (gRPC's "HTTP to gRPC status code mapping"); others UNKNOWN."""
-_UNKNOWN = 2
-
-
-class ConnectionBroke(Exception):
-    """The connection or the stream went away before the call ended (lost, reset)."""
-
-
-class ProtocolViolation(Exception):
-    """The peer broke HTTP/2 or gRPC framing."""
-
-
-class NotHttp2(ProtocolViolation):
-    """What answered does not speak HTTP/2: its first frame is not SETTINGS (a TLS port
-    dialled in plaintext, another protocol)."""
-
-
-class MessageRefused(Exception):
-    """A message this call does not take: compressed, or longer than allowed."""
-
-
-class CallAnswered(Exception):
-    """The call ended with a gRPC status other than OK (``code``), or no valid status."""
-
-    def __init__(self, code: int, message: str | None) -> None:
-        self.code = code
-        self.message = message
-        super().__init__(f"{self.status_name}: {message}" if message else self.status_name)
-
-    @property
-    def status_name(self) -> str:
-        """The code's gRPC name (``UNIMPLEMENTED``), or ``status N`` for one gRPC has not."""
-        try:
-            return Status(self.code).name
-        except ValueError:
-            return f"status {self.code}"
-
-
-def _error_name(code: int) -> str:
-    """An HTTP/2 error code's name (``CANCEL``), or the code in hex for one h2 does not know."""
-    try:
-        return ErrorCodes(code).name
-    except ValueError:
-        return f"0x{code:x}"
-
-
-def _encode_frame(kind: int, flags: int, stream: int, payload: bytes = b"") -> bytes:
-    header = len(payload).to_bytes(3, "big") + bytes((kind, flags)) + stream.to_bytes(4, "big")
-    return header + payload
 
 
 class WatchCall(asyncio.Protocol):
@@ -148,10 +107,8 @@ class WatchCall(asyncio.Protocol):
         per_turn: int = 16,
         user_agent: str = "keda-gpu-scaler",
     ) -> None:
-        if not _DEFAULT_WINDOW <= window <= _MAX_WINDOW:
-            raise ValueError(
-                f"window must be {_DEFAULT_WINDOW} to {_MAX_WINDOW} bytes, not {window}"
-            )
+        if not DEFAULT_WINDOW <= window <= MAX_WINDOW:
+            raise ValueError(f"window must be {DEFAULT_WINDOW} to {MAX_WINDOW} bytes, not {window}")
         if per_turn < 1:
             raise ValueError(f"per_turn must be at least 1, not {per_turn}")
         self._request_headers = [
@@ -173,7 +130,7 @@ class WatchCall(asyncio.Protocol):
         self._transport: asyncio.Transport | None = None
         self._encoder = Encoder()
         self._decoder = Decoder()
-        self._decoder.max_header_list_size = _HEADER_BLOCK_MAX
+        self._decoder.max_header_list_size = HEADER_BLOCK_MAX
         self._inbound = bytearray()
         """Received bytes not yet parsed into frames (at most a frame's worth)."""
         self._messages = bytearray()
@@ -201,22 +158,22 @@ class WatchCall(asyncio.Protocol):
         settings = b"".join(
             struct.pack(">HI", key, value)
             for key, value in (
-                (_ENABLE_PUSH, 0),
-                (_INITIAL_WINDOW_SIZE, self._window),
-                (_MAX_FRAME_SIZE, _FRAME_SIZE),
-                (_MAX_HEADER_LIST_SIZE, _HEADER_BLOCK_MAX),
+                (ENABLE_PUSH, 0),
+                (INITIAL_WINDOW_SIZE, self._window),
+                (MAX_FRAME_SIZE, FRAME_SIZE),
+                (MAX_HEADER_LIST_SIZE, HEADER_BLOCK_MAX),
             )
         )
         block = self._encoder.encode(self._request_headers)
         body = b"\x00" + len(self._request).to_bytes(4, "big") + self._request
         self._in_flight = self._window
-        wider = self._window - _DEFAULT_WINDOW  # the connection's window, as wide as a stream's
+        wider = self._window - DEFAULT_WINDOW  # the connection's window, as wide as a stream's
         self._transport.write(
-            _PREFACE
-            + _encode_frame(_SETTINGS, 0, 0, settings)
-            + (_encode_frame(_WINDOW_UPDATE, 0, 0, wider.to_bytes(4, "big")) if wider else b"")
-            + _encode_frame(_HEADERS, _END_HEADERS, _STREAM, block)
-            + _encode_frame(_DATA, _END_STREAM, _STREAM, body)
+            PREFACE
+            + encode_frame(SETTINGS, 0, 0, settings)
+            + (encode_frame(WINDOW_UPDATE, 0, 0, wider.to_bytes(4, "big")) if wider else b"")
+            + encode_frame(HEADERS, END_HEADERS, STREAM, block)
+            + encode_frame(DATA, END_STREAM, STREAM, body)
         )
 
     def data_received(self, data: bytes) -> None:
@@ -270,14 +227,12 @@ class WatchCall(asyncio.Protocol):
         pos, size = 0, len(buffer)
         while size - pos >= 9:
             if not self._answered:
-                if buffer[pos + 3] != _SETTINGS or buffer[pos + 5 : pos + 9] != bytes(4):
+                if buffer[pos + 3] != SETTINGS or buffer[pos + 5 : pos + 9] != bytes(4):
                     raise NotHttp2("the answer does not start with HTTP/2 SETTINGS")
                 self._answered = True
             length = int.from_bytes(buffer[pos : pos + 3], "big")
-            if length > _FRAME_SIZE:
-                raise ProtocolViolation(
-                    f"a frame of {length} bytes, over the {_FRAME_SIZE} allowed"
-                )
+            if length > FRAME_SIZE:
+                raise ProtocolViolation(f"a frame of {length} bytes, over the {FRAME_SIZE} allowed")
             end = pos + 9 + length
             if end > size:
                 break
@@ -286,11 +241,11 @@ class WatchCall(asyncio.Protocol):
             stream = int.from_bytes(buffer[pos + 5 : pos + 9], "big") & 0x7FFF_FFFF
             payload = buffer[pos + 9 : end]
             pos = end
-            if self._block_flags is not None and kind != _CONTINUATION:
+            if self._block_flags is not None and kind != CONTINUATION:
                 raise ProtocolViolation("a header block interrupted by another frame")
-            if kind == _DATA:
+            if kind == DATA:
                 self._data(flags, stream, payload)
-            elif kind in (_HEADERS, _CONTINUATION):
+            elif kind in (HEADERS, CONTINUATION):
                 self._header_frame(kind, flags, stream, payload)
             else:
                 self._control(kind, flags, stream, payload)
@@ -300,50 +255,50 @@ class WatchCall(asyncio.Protocol):
             self._inbound += buffer[pos:]
 
     def _data(self, flags: int, stream: int, payload: bytes | bytearray) -> None:
-        if stream != _STREAM or not self._headers_seen or self._ended:
+        if stream != STREAM or not self._headers_seen or self._ended:
             raise ProtocolViolation(f"DATA on stream {stream} where none may come")
         length = len(payload)
         self._in_flight -= length
         if self._in_flight < 0:
             raise ProtocolViolation("DATA beyond the flow control window")
-        if flags & _PADDED:
-            payload = _unpad(payload)
+        if flags & PADDED:
+            payload = unpad(payload)
         self._messages += payload
         self._unacked += length
         if not self._paused:
             self._acknowledge()
-        if flags & _END_STREAM:
+        if flags & END_STREAM:
             self._ended = True
-            self._status = (_UNKNOWN, "the stream ended without trailers (no grpc-status)")
+            self._status = (UNKNOWN, "the stream ended without trailers (no grpc-status)")
 
     def _acknowledge(self) -> None:
         if self._unacked >= self._window // 2 and self._transport is not None:
             increment = self._unacked.to_bytes(4, "big")
             self._transport.write(
-                _encode_frame(_WINDOW_UPDATE, 0, 0, increment)
-                + _encode_frame(_WINDOW_UPDATE, 0, _STREAM, increment)
+                encode_frame(WINDOW_UPDATE, 0, 0, increment)
+                + encode_frame(WINDOW_UPDATE, 0, STREAM, increment)
             )
             self._in_flight += self._unacked
             self._unacked = 0
 
     def _header_frame(self, kind: int, flags: int, stream: int, payload: bytes | bytearray) -> None:
-        if stream != _STREAM:
+        if stream != STREAM:
             raise ProtocolViolation(f"HEADERS on stream {stream}, not the call's")
-        if kind == _CONTINUATION:
+        if kind == CONTINUATION:
             if self._block_flags is None:
                 raise ProtocolViolation("a CONTINUATION without a header block to continue")
         else:
             if self._ended:
                 raise ProtocolViolation("HEADERS after the end of the stream")
-            if flags & _PADDED:
-                payload = _unpad(payload)
-            if flags & _PRIORITY_FLAG:
+            if flags & PADDED:
+                payload = unpad(payload)
+            if flags & PRIORITY_FLAG:
                 payload = payload[5:]
             self._block_flags = flags
         self._block += payload
-        if len(self._block) > _HEADER_BLOCK_MAX:
-            raise ProtocolViolation(f"a header block over {_HEADER_BLOCK_MAX} bytes")
-        if not flags & _END_HEADERS:
+        if len(self._block) > HEADER_BLOCK_MAX:
+            raise ProtocolViolation(f"a header block over {HEADER_BLOCK_MAX} bytes")
+        if not flags & END_HEADERS:
             return
         block_flags, self._block_flags = self._block_flags, None
         assert block_flags is not None
@@ -356,10 +311,10 @@ class WatchCall(asyncio.Protocol):
             self._block.clear()
         if not self._headers_seen:
             self._headers_seen = True
-            self._response(headers, ends=bool(block_flags & _END_STREAM))
-        elif block_flags & _END_STREAM:
+            self._response(headers, ends=bool(block_flags & END_STREAM))
+        elif block_flags & END_STREAM:
             self._ended = True
-            self._status = _grpc_status(headers)
+            self._status = grpc_status(headers)
         else:
             raise ProtocolViolation("a second header block that does not end the stream")
 
@@ -367,49 +322,49 @@ class WatchCall(asyncio.Protocol):
         status = headers.get(":status")
         if status != "200":
             raise CallAnswered(
-                _HTTP_TO_GRPC.get(status or "", _UNKNOWN), f"Received :status = {status!r}"
+                HTTP_TO_GRPC.get(status or "", UNKNOWN), f"Received :status = {status!r}"
             )
         if ends:  # trailers only: no message, the status says why
             self._ended = True
-            self._status = _grpc_status(headers)
+            self._status = grpc_status(headers)
             return
         content_type = headers.get("content-type")
         if content_type is None:
-            raise CallAnswered(_UNKNOWN, "Missing content-type header")
+            raise CallAnswered(UNKNOWN, "Missing content-type header")
         if content_type != "application/grpc" and not content_type.startswith("application/grpc+"):
-            raise CallAnswered(_UNKNOWN, f"Invalid content-type: {content_type!r}")
+            raise CallAnswered(UNKNOWN, f"Invalid content-type: {content_type!r}")
 
     def _control(self, kind: int, flags: int, stream: int, payload: bytes | bytearray) -> None:
-        if kind == _SETTINGS:
-            if stream or len(payload) % 6 or (flags & _ACK and payload):
+        if kind == SETTINGS:
+            if stream or len(payload) % 6 or (flags & ACK and payload):
                 raise ProtocolViolation("a malformed SETTINGS frame")
-            if not flags & _ACK:
-                self._write(_encode_frame(_SETTINGS, _ACK, 0))
-        elif kind == _PING:
+            if not flags & ACK:
+                self._write(encode_frame(SETTINGS, ACK, 0))
+        elif kind == PING:
             if stream or len(payload) != 8:
                 raise ProtocolViolation("a malformed PING frame")
-            if not flags & _ACK:
-                self._write(_encode_frame(_PING, _ACK, 0, bytes(payload)))
-        elif kind == _WINDOW_UPDATE:
+            if not flags & ACK:
+                self._write(encode_frame(PING, ACK, 0, bytes(payload)))
+        elif kind == WINDOW_UPDATE:
             if len(payload) != 4:
                 raise ProtocolViolation("a malformed WINDOW_UPDATE frame")
-        elif kind == _RST_STREAM:
+        elif kind == RST_STREAM:
             if len(payload) != 4 or stream == 0:
                 raise ProtocolViolation("a malformed RST_STREAM frame")
-            if stream == _STREAM:
+            if stream == STREAM:
                 code = int.from_bytes(payload, "big")
                 raise ConnectionBroke(
-                    f"Stream reset by remote party, error_code: {_error_name(code)}"
+                    f"Stream reset by remote party, error_code: {error_name(code)}"
                 )
-        elif kind == _GOAWAY:
+        elif kind == GOAWAY:
             if stream or len(payload) < 8:
                 raise ProtocolViolation("a malformed GOAWAY frame")
             last = int.from_bytes(payload[:4], "big") & 0x7FFF_FFFF
             code = int.from_bytes(payload[4:8], "big")
-            self._goaway = _error_name(code)
-            if last < _STREAM:
+            self._goaway = error_name(code)
+            if last < STREAM:
                 raise ConnectionBroke(f"GOAWAY {self._goaway} before the call was taken")
-        elif kind == _PUSH_PROMISE:
+        elif kind == PUSH_PROMISE:
             raise ProtocolViolation("a PUSH_PROMISE, though push was disabled")
         # PRIORITY and frame types this does not know are ignored, as the RFC asks.
 
@@ -467,7 +422,7 @@ class WatchCall(asyncio.Protocol):
             self._fail(exc)
 
     def _finish(self) -> None:
-        code, message = self._status or (_UNKNOWN, None)
+        code, message = self._status or (UNKNOWN, None)
         if code == 0:
             self._set(None)
         else:
@@ -493,22 +448,3 @@ class WatchCall(asyncio.Protocol):
     def _write(self, data: bytes) -> None:
         if self._transport is not None:
             self._transport.write(data)
-
-
-def _unpad(payload: bytes | bytearray) -> bytes | bytearray:
-    if not payload:
-        raise ProtocolViolation("a padded frame without its pad length")
-    pad = payload[0]
-    if pad >= len(payload):
-        raise ProtocolViolation("padding longer than its frame")
-    return payload[1 : len(payload) - pad]
-
-
-def _grpc_status(headers: dict[str, str]) -> tuple[int, str | None]:
-    raw = headers.get("grpc-status")
-    if raw is None:
-        return _UNKNOWN, "Missing grpc-status header"
-    if not raw.isdigit():
-        return _UNKNOWN, f"Invalid grpc-status: {raw!r}"
-    message = headers.get("grpc-message")
-    return int(raw), None if message is None else decode_grpc_message(message)
