@@ -36,7 +36,7 @@ from tests.fake_agent import (
     serve_agent,
 )
 from tests.fake_kube_api import open_fake_kube_api, write_kubeconfig
-from tests.grpcio_client import GrpcioModules, open_streams
+from tests.grpcio_client import GrpcioModules, open_streams, watch_node
 from tests.loopback import loopback_scaler
 
 pytestmark = pytest.mark.anyio
@@ -176,6 +176,21 @@ async def test_a_workload_over_three_nodes_gets_exactly_its_gpus(
     assert await _value(cluster, mods, podSelector="app=train") == 10.0
     assert await _value(cluster, mods, nodeName="node-b") == 40.0
     assert await _value(cluster, mods, nodeName="node-b", gpuIndex="0") == 30.0
+
+
+async def test_the_cluster_scaler_is_no_node_and_serves_no_watch_node(
+    cluster: Cluster, grpcio_modules: GrpcioModules
+) -> None:
+    # Its snapshot is the whole cluster's: streamed as one "node", it would hand a second
+    # cluster scaler every device twice over under its own host name.
+    with pytest.raises(grpc.RpcError) as caught:
+        await anyio.to_thread.run_sync(partial(watch_node, grpcio_modules, cluster.scaler.port, 1))
+    assert caught.value.code() == grpc.StatusCode.UNIMPLEMENTED
+    assert cluster.scaler.node_agent is None
+    # Its agents do serve it.
+    agent = cluster.agents["node-a"]
+    watched = await anyio.to_thread.run_sync(partial(watch_node, grpcio_modules, agent.port, 1))
+    assert watched.messages[0].identity.node_name == "node-a"
 
 
 async def test_gpu_index_without_a_node_is_invalid_argument(

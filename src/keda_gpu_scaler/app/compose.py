@@ -276,8 +276,9 @@ async def open_scaler(
     node_name: str = "",
     pod_namespaces: PodNamespaces | None = None,
 ) -> AsyncIterator[RunningScaler]:
-    """Start the pipeline, the gRPC server (with gRPC health and NodeAgent.WatchNode, which
-    names the node ``node_name``, the host name when empty) and the HTTP endpoints.
+    """Start the pipeline, the gRPC server (with gRPC health, and on a node NodeAgent.WatchNode,
+    which names the node ``node_name``, the host name when empty) and the HTTP endpoints. A
+    cluster scaler (``source`` an :class:`AgentsSource`) serves no WatchNode.
 
     ``pod_namespaces``: on a cluster scaler, the namespaces its pod watch (one of
     ``samplers``) covers, which podSelector triggers add to and calls wait for.
@@ -306,21 +307,25 @@ async def open_scaler(
         decider = Decider(hub, telemetry=metrics, engines=engines, pod_namespaces=pod_namespaces)
         streams = StreamRegistry(hub, decider)
         await background.start(streams.run)
-        service = ExternalScalerService(
-            decider, streams, metrics, cluster=isinstance(source, AgentsSource)
+        cluster = isinstance(source, AgentsSource)
+        service = ExternalScalerService(decider, streams, metrics, cluster=cluster)
+        # A cluster scaler is no node: it reads the agents' streams and serves none itself.
+        node_agent = (
+            None
+            if cluster
+            else NodeAgentService(hub, node_name or socket.gethostname(), telemetry=metrics)
         )
-        node_agent = NodeAgentService(hub, node_name or socket.gethostname(), telemetry=metrics)
         metrics.read_live(
             lambda: hub.current,
             lambda: streams.open_streams,
-            agent_streams=lambda: node_agent.open_streams,
+            agent_streams=None if node_agent is None else (lambda: node_agent.open_streams),
         )
         readiness = Readiness(hub)
         health = grpc_health(service, readiness, interval_s=health_check_interval_s)
         server = ScalerServer(
             service,
             streams,
-            extra_handlers=[health, node_agent],
+            extra_handlers=[health] if node_agent is None else [health, node_agent],
             max_concurrent_streams=max_concurrent_streams,
         )
         bound = await server.start(host, port, ssl=ssl)
@@ -351,7 +356,8 @@ async def open_scaler(
                 http.cancel_scope.cancel()
         finally:
             with anyio.CancelScope(shield=True):
-                await _end_agent_streams(node_agent)
+                if node_agent is not None:
+                    await _end_agent_streams(node_agent)
                 await server.aclose()
             background.cancel_scope.cancel()
 
