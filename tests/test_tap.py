@@ -8,9 +8,17 @@ import anyio
 import pytest
 from trio.testing import MockClock
 
-from keda_gpu_scaler.domain.samples import Batch, DeviceKey, GpuReading, SourceFault
-from keda_gpu_scaler.domain.snapshot import EMPTY_SNAPSHOT
-from keda_gpu_scaler.pipeline.tap import Tap, TapDecision, TapEvent, TapFilter
+from keda_gpu_scaler.domain.samples import (
+    Batch,
+    DeviceHolder,
+    DeviceKey,
+    GpuReading,
+    PodResourcesReading,
+    SourceFault,
+)
+from keda_gpu_scaler.domain.snapshot import EMPTY_SNAPSHOT, DeviceState
+from keda_gpu_scaler.pipeline.tap import Tap, TapDecision, TapEvent, TapFilter, tap_attribution
+from keda_gpu_scaler.testing import agent_reading, snapshot_of
 
 
 def _reading(index: int, source: str = "nvml") -> GpuReading:
@@ -101,3 +109,37 @@ async def test_reader_gets_json_lines_in_order(autojump_clock: MockClock) -> Non
         ("decision", None),
     ]
     assert (tap.subscribers, tap.dropped) == (0, 0)  # the reader returned: unsubscribed
+
+
+def _held_by(node: str, index: int, pod: str) -> DeviceHolder:
+    return DeviceHolder(
+        namespace="serve",
+        pod=pod,
+        container="engine",
+        resource="nvidia.com/gpu",
+        device_id=f"GPU-{node}-{index}",
+    )
+
+
+def test_a_cluster_attribution_event_shows_the_devices_of_its_node_only() -> None:
+    answers = {
+        node: PodResourcesReading(
+            source=f"agent/{node}/pod-resources",
+            taken_at=10.0,
+            period_s=5.0,
+            node=node,
+            holders=(_held_by(node, 0, f"vllm-{node}"),),
+        )
+        for node in ("node-a", "node-b")
+    }
+    readings = [agent_reading(n, i, 50.0, taken_at=10.0) for n in answers for i in (0, 1)]
+    snapshot = snapshot_of(
+        [DeviceState(key=r.key, index=r.index, reading=r) for r in readings],
+        attributions=answers.values(),
+        published_at=10.0,
+    )
+    event = tap_attribution(answers["node-b"], snapshot)
+    assert [(d.key, [h.pod for h in d.holders]) for d in event.devices] == [
+        ("node-b/GPU-node-b-0", ["vllm-node-b"])
+    ]
+    assert event.source == "agent/node-b/pod-resources"

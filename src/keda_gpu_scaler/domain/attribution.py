@@ -69,10 +69,15 @@ def index_holders(
     )
 
 
-def attribute(snapshot: Snapshot) -> Attribution | None:
-    """Who holds which device of the snapshot, on every node; None without a PodResources
-    answer. Holders of pods that terminated do not count."""
-    views = [v for v in snapshot.nodes.values() if v.attribution is not None]
+def attribute(snapshot: Snapshot, *, node: str | None = None) -> Attribution | None:
+    """Who holds which device of the snapshot, on every node (or on ``node`` only); None
+    without a PodResources answer. Holders of pods that terminated do not count."""
+    if node is None:
+        candidates = list(snapshot.nodes.values())
+    else:
+        one = snapshot.nodes.get(node)
+        candidates = [] if one is None else [one]
+    views = [v for v in candidates if v.attribution is not None]
     if not views:
         return None
     ended = snapshot.pod_index.ended

@@ -78,7 +78,9 @@ TapEvent = (
 
 
 def tap_attribution(reading: PodResourcesReading, snapshot: Snapshot) -> TapAttribution:
-    joined = attribute(snapshot)
+    """The devices that ``reading``'s kubelet answer attributes, joined with the snapshot:
+    on a cluster scaler those of its node only, not the whole cluster's once per answer."""
+    joined = attribute(snapshot, node=reading.node if snapshot.on_cluster() else None)
     held: list[TapHeldDevice] = []
     if joined is not None:
         for key, holders in joined.by_device.items():
