@@ -4,7 +4,7 @@
 127.0.0.1 (gRPC port 0, no HTTP ports) and prints the bound port. ``--source floor`` serves
 instead a servicer that does no work (prebuilt answers; a stream sends one message, then one
 every default polling interval, as a heartbeat) on the scaler's transport
-(``serving/server.py``): what the gRPC stack costs under a load before the scaler adds
+(``serving/transport.py``): what the gRPC stack costs under a load before the scaler adds
 anything. (grpclib's own server cannot be that floor: it offers h2's default of 100
 concurrent streams per connection, so a thousand streams on one connection never open.)
 Then it answers one line per command on
@@ -289,9 +289,10 @@ def _bare_servicer() -> Any:
 @contextlib.asynccontextmanager
 async def _floor() -> AsyncIterator[int]:
     """The bare servicer on the scaler's transport; yields its port."""
-    from keda_gpu_scaler.serving.server import DEFAULT_MAX_CONCURRENT_STREAMS, _Server
+    from keda_gpu_scaler.serving.server import DEFAULT_MAX_CONCURRENT_STREAMS
+    from keda_gpu_scaler.serving.transport import GrpcServer
 
-    server = _Server([_bare_servicer()], max_concurrent_streams=DEFAULT_MAX_CONCURRENT_STREAMS)
+    server = GrpcServer([_bare_servicer()], max_concurrent_streams=DEFAULT_MAX_CONCURRENT_STREAMS)
     await server.start(HOST, 0)
     try:
         listener = server._server

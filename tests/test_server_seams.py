@@ -1,4 +1,4 @@
-"""The places where serving/server.py replaces grpclib's or h2's per-stream walks and work.
+"""The places where serving/transport.py replaces grpclib's or h2's per-stream walks and work.
 
 Each touches a library's internals (pinned: grpclib 0.4.9, h2 4.x); these tests fail loudly
 when an upgrade moves them.
@@ -20,13 +20,13 @@ import pytest
 from h2.events import WindowUpdated
 from h2.settings import SettingCodes
 
-from keda_gpu_scaler.serving import server
+from keda_gpu_scaler.serving import transport
 from keda_gpu_scaler.serving._proto.externalscaler import GetMetricsRequest, ScaledObjectRef
 
 
 def _pair(limit: int) -> tuple[h2.connection.H2Connection, h2.connection.H2Connection]:
     client = h2.connection.H2Connection(h2.config.H2Configuration(client_side=True))
-    srv = server._H2Connection(h2.config.H2Configuration(client_side=False))
+    srv = transport._H2Connection(h2.config.H2Configuration(client_side=False))
     srv.local_settings = h2.settings.Settings(
         client=False, initial_values={SettingCodes.MAX_CONCURRENT_STREAMS: limit}
     )
@@ -75,7 +75,7 @@ def test_closed_streams_are_forgotten_and_the_limit_still_holds() -> None:
 
 @pytest.mark.anyio
 async def test_a_connection_window_update_wakes_only_streams_that_wait() -> None:
-    processor = server._EventsProcessor(cast(Any, SimpleNamespace()), cast(Any, None))
+    processor = transport._EventsProcessor(cast(Any, SimpleNamespace()), cast(Any, None))
     idle = SimpleNamespace(id=1, window_updated=None)
     blocked = SimpleNamespace(id=3, window_updated=None)
     processor.register(cast(Any, idle))
@@ -98,7 +98,7 @@ class _Task:
 
 @pytest.mark.anyio
 async def test_the_request_table_is_swept_at_a_constant_cost_and_stays_bounded() -> None:
-    handler = server._Handler({}, cast(Any, None), None, cast(Any, None))
+    handler = transport._Handler({}, cast(Any, None), None, cast(Any, None))
     tasks: dict[Any, Any] = {object(): _Task(done=False) for _ in range(1000)}  # streams
     handler._tasks = tasks
     sweeps = 0
@@ -113,7 +113,7 @@ async def test_the_request_table_is_swept_at_a_constant_cost_and_stays_bounded()
 
 
 def test_a_repeated_request_is_decoded_once_and_the_table_stays_bounded() -> None:
-    codec = server.RepeatedRequests([GetMetricsRequest], max_entries=2)
+    codec = transport.RepeatedRequests([GetMetricsRequest], max_entries=2)
     first = bytes(
         GetMetricsRequest(
             scaled_object_ref=ScaledObjectRef(name="a", namespace="ns"), metric_name="m"
@@ -131,7 +131,7 @@ def test_a_repeated_request_is_decoded_once_and_the_table_stays_bounded() -> Non
     ref = bytes(ScaledObjectRef(name="a"))
     assert codec.decode(ref, ScaledObjectRef) is not codec.decode(ref, ScaledObjectRef)
     with pytest.raises(ValueError, match="max_entries must be at least 1, not 0"):
-        server.RepeatedRequests([GetMetricsRequest], max_entries=0)
+        transport.RepeatedRequests([GetMetricsRequest], max_entries=0)
 
 
 def _body_without_docstring(function: Any) -> list[str]:
@@ -150,7 +150,7 @@ def test_receive_frame_is_h2s_own_less_its_trace_line() -> None:
     trace = [s for s in theirs if "trace" in s]
     assert len(trace) == 1
     theirs.remove(trace[0])
-    assert _body_without_docstring(server._H2Connection._receive_frame) == theirs
+    assert _body_without_docstring(transport._H2Connection._receive_frame) == theirs
 
 
 def test_a_frame_on_a_reset_stream_is_answered_with_a_reset_not_a_connection_error() -> None:
