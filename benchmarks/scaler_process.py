@@ -12,6 +12,8 @@ stdin:
 
 - ``cpu``: this process's CPU time in ns (all threads);
 - ``rss``: its resident set size in bytes;
+- ``waited``: how long the event loop's thread has waited, ready to run, for a core (ns,
+  ``/proc/self/task/<id>/schedstat``; 0 where Linux does not tell);
 - ``h2``: the closed-stream entries h2 keeps, summed over open connections;
 - ``lag``: the longest the event loop was late for a 5 ms timer since the last ``lag``, and
   the longest garbage collection in that time, in seconds;
@@ -54,6 +56,15 @@ FLIP_PERIOD_S = 0.5
 def _rss_bytes() -> int:
     with open("/proc/self/statm") as statm:
         return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+def _waited_ns() -> int:
+    """The loop's (main) thread's time on a run queue, ready but not running, in ns."""
+    try:
+        with open(f"/proc/self/task/{threading.main_thread().native_id}/schedstat") as stat:
+            return int(stat.read().split()[1])
+    except (OSError, IndexError, ValueError):
+        return 0
 
 
 def _census() -> str:
@@ -186,6 +197,8 @@ def _control(loop: asyncio.AbstractEventLoop, flip: FlipSource | None, lag: LagM
             answer: object = time.process_time_ns()
         elif words[0] == "rss":
             answer = _rss_bytes()
+        elif words[0] == "waited":
+            answer = _waited_ns()
         elif words[0] == "lag":
             answer = lag.take()
         elif words[0] == "collections":

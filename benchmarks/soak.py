@@ -6,7 +6,8 @@ process opens every stream at once on one channel (the burst), with five distinc
 maps over 1000 ScaledObjects as KEDA sends them, while unary GetMetrics and IsActive calls go
 out open-loop at ``--rate`` per second. Every ``--report`` seconds it prints errors, streams
 alive, unary p50/p99 over that window, messages per stream, server CPU as a share of one
-core, server RSS, h2's table of closed streams, the server's longest loop stall, and its
+core, the share of the window its loop's thread spent ready but waiting for a core, server
+RSS, h2's table of closed streams, the server's longest loop stall, and its
 young, middle and full garbage collections with the longest of each. At the end: the burst
 figures (slowest unary call while the streams opened, UNAVAILABLE answers) and the totals
 after warm-up. With ``SOAK_CENSUS=1`` every line is followed by the number of objects the
@@ -120,6 +121,8 @@ class Window:
     unary_p99_ms: float
     messages_per_stream: float
     cpu_share: float
+    waited_share: float
+    """Of the window, the time the server's loop thread waited, ready, for a core."""
     rss_mb: float
     h2_closed_streams: int
     h2_walk_ms: float
@@ -164,6 +167,7 @@ class Result:
     streams_alive: int = 0
     messages_per_stream: float = 0.0
     cpu_share: float = math.nan
+    waited_share: float = math.nan
     rss_warm_mb: float = math.nan
     rss_end_mb: float = math.nan
 
@@ -342,12 +346,14 @@ async def _report(
     result: Result, server: Server, load: Load, start: float, end: float, every: float
 ) -> None:
     cpu0, t0 = int(server.ask("cpu")), time.monotonic()
+    waited0 = int(server.ask("waited"))
     server.ask("lag")  # from here on
     server.ask("collections")
     seen = 0
     while time.monotonic() < end:
         await asyncio.sleep(min(every, max(0.0, end - time.monotonic())))
         cpu1, t1 = int(server.ask("cpu")), time.monotonic()
+        waited1 = int(server.ask("waited"))
         calls = load.unary[seen:]
         seen += len(calls)
         blocked, collection = (float(x) * 1000 for x in server.ask("lag").split())
@@ -365,6 +371,7 @@ async def _report(
             unary_p99_ms=percentile([s for _, s in calls], 99) * 1000,
             messages_per_stream=sum(load.messages) / len(load.messages),
             cpu_share=(cpu1 - cpu0) / 1e9 / (t1 - t0),
+            waited_share=(waited1 - waited0) / 1e9 / (t1 - t0),
             rss_mb=_mb(server.ask("rss")),
             h2_closed_streams=h2_closed,
             h2_walk_ms=h2_walk_ms,
@@ -377,7 +384,7 @@ async def _report(
                 float(longest_full) * 1000,
             ),
         )
-        cpu0, t0 = cpu1, t1
+        cpu0, t0, waited0 = cpu1, t1, waited1
         result.windows.append(window)
         if os.environ.get("SOAK_CENSUS"):
             print(f"  census: {server.ask('census')}", flush=True)
@@ -385,7 +392,8 @@ async def _report(
             f"  {result.name:>9} t={window.at_s:6.0f}s errors={window.errors} "
             f"alive={window.streams_alive} p50={window.unary_p50_ms:.2f}ms "
             f"p99={window.unary_p99_ms:.2f}ms msgs/stream={window.messages_per_stream:.1f} "
-            f"cpu={window.cpu_share:.1%} rss={window.rss_mb:.1f}MB "
+            f"cpu={window.cpu_share:.1%} waited={window.waited_share:.1%} "
+            f"rss={window.rss_mb:.1f}MB "
             f"h2_closed={window.h2_closed_streams} (counted in {window.h2_walk_ms:.0f}ms) "
             f"blocked={window.loop_blocked_ms:.0f}ms "
             f"gc={window.longest_gc_ms:.0f}ms collections="
@@ -410,6 +418,7 @@ def _totals(result: Result, load: Load, warm_from: float) -> None:
     warm = [w for w in result.windows if w.at_s > WARMUP_S + 1]
     if warm:
         result.cpu_share = sum(w.cpu_share for w in warm) / len(warm)
+        result.waited_share = sum(w.waited_share for w in warm) / len(warm)
         result.rss_warm_mb = warm[0].rss_mb
         result.rss_end_mb = warm[-1].rss_mb
 
@@ -425,7 +434,8 @@ def _summary(result: Result) -> str:
         "second client's, "
         f"{result.burst_unavailable} UNAVAILABLE\n"
         + "".join(f"{result.name}: first {k}: {v}\n" for k, v in result.error_reasons.items())
-        + f"{result.name}: after warm-up: server CPU {result.cpu_share:.1%} of one core, unary "
+        + f"{result.name}: after warm-up: server CPU {result.cpu_share:.1%} of one core (its "
+        f"loop's thread waited for a core {result.waited_share:.1%} of the time), unary "
         f"p50 {result.unary_p50_ms:.2f} ms p99 {result.unary_p99_ms:.2f} ms over "
         f"{result.unary_calls} calls (a second client at {PROBE_RATE:g}/s on its own "
         f"connection: p50 {result.probe_p50_ms:.2f} ms p99 {result.probe_p99_ms:.2f} ms, "
