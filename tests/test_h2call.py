@@ -18,6 +18,8 @@ import h2.connection
 import h2.events
 import h2.settings
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from keda_gpu_scaler.sources.agents import h2wire
 from keda_gpu_scaler.sources.agents.h2call import (
@@ -537,3 +539,71 @@ def test_a_status_or_error_code_nobody_named_is_still_said() -> None:
     assert str(CallAnswered(99, None)) == "status 99"
     peer_error = h2wire.error_name
     assert (peer_error(0x8), peer_error(0x99)) == ("CANCEL", "0x99")
+
+
+def _valid_answer() -> bytes:
+    """What h2's server side sends for a call with three messages and trailers (after the
+    SETTINGS that ``open_call`` already fed the call)."""
+    peer = open_call()
+    peer.server.ping(b"pingpong")
+    peer.answer(b"one", b"two" * 100, b"", trailers=OK_TRAILERS)
+    return peer.server.data_to_send()
+
+
+_OUTCOMES = (ProtocolViolation, ConnectionBroke, MessageRefused, CallAnswered)
+
+
+def _feed(data: bytes, cuts: list[int]) -> Peer:
+    peer = open_call()
+    at = 0
+    for cut in [*sorted({c % (len(data) + 1) for c in cuts}), len(data)]:
+        peer.call.data_received(data[at:cut])
+        at = cut
+    return peer
+
+
+def _outcome_is_one_of_the_calls(peer: Peer) -> None:
+    if peer.call.finished.done():
+        outcome = peer.call.finished.exception()
+        assert outcome is None or isinstance(outcome, _OUTCOMES), repr(outcome)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    flips=st.lists(st.tuples(st.integers(0, 1 << 12), st.integers(1, 255)), max_size=4),
+    cut_at=st.integers(0, 1 << 12),
+    cuts=st.lists(st.integers(0, 1 << 12), max_size=6),
+)
+async def test_any_damage_to_an_answer_ends_the_call_with_one_of_its_errors(
+    flips: list[tuple[int, int]], cut_at: int, cuts: list[int]
+) -> None:
+    # Bytes flipped and the answer cut short, in any pieces: the call never raises out of
+    # data_received and never ends with an error other than its own (no IndexError, no
+    # struct.error, no HPACK exception leaking through).
+    valid = _valid_answer()
+    damaged = bytearray(valid[: cut_at % (len(valid) + 1)])
+    for at, xor in flips:
+        if damaged:
+            damaged[at % len(damaged)] ^= xor
+    peer = _feed(bytes(damaged), cuts)
+    _outcome_is_one_of_the_calls(peer)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    frames=st.lists(
+        st.tuples(
+            st.integers(0, 10),  # frame type, known ones and one past them
+            st.integers(0, 255),  # flags
+            st.sampled_from([0, 1, 3, 0x7FFF_FFFF]),  # stream
+            st.binary(max_size=40),  # payload
+        ),
+        max_size=8,
+    )
+)
+async def test_any_frames_after_the_settings_end_the_call_with_one_of_its_errors(
+    frames: list[tuple[int, int, int, bytes]],
+) -> None:
+    data = b"".join(_raw(kind, flags, stream, payload) for kind, flags, stream, payload in frames)
+    peer = _feed(data, [])
+    _outcome_is_one_of_the_calls(peer)
