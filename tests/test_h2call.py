@@ -22,13 +22,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from keda_gpu_scaler.sources.agents import h2wire
-from keda_gpu_scaler.sources.agents.h2call import (
+from keda_gpu_scaler.sources.agents.h2call import WatchCall
+from keda_gpu_scaler.sources.agents.h2wire import (
     CallAnswered,
     ConnectionBroke,
     MessageRefused,
     NotHttp2,
     ProtocolViolation,
-    WatchCall,
 )
 
 pytestmark = pytest.mark.anyio

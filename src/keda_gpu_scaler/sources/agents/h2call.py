@@ -81,14 +81,7 @@ from keda_gpu_scaler.sources.agents.h2wire import (
     unpad,
 )
 
-__all__ = [
-    "CallAnswered",
-    "ConnectionBroke",
-    "MessageRefused",
-    "NotHttp2",
-    "ProtocolViolation",
-    "WatchCall",
-]
+__all__ = ["WatchCall"]  # the ways a call ends are h2wire's
 
 
 class WatchCall(asyncio.Protocol):

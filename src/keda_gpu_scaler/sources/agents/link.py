@@ -42,13 +42,13 @@ from keda_gpu_scaler.domain.backoff import Backoff
 from keda_gpu_scaler.domain.errors import SourceFailure
 from keda_gpu_scaler.domain.samples import AgentTarget, Sample, SourceFault
 from keda_gpu_scaler.domain.tls_files import ssl_reason
-from keda_gpu_scaler.sources.agents.h2call import (
+from keda_gpu_scaler.sources.agents.h2call import WatchCall
+from keda_gpu_scaler.sources.agents.h2wire import (
     CallAnswered,
     ConnectionBroke,
     MessageRefused,
     NotHttp2,
     ProtocolViolation,
-    WatchCall,
 )
 from keda_gpu_scaler.sources.agents.pump import Pump, Watchdog
 from keda_gpu_scaler.sources.agents.updates import BadUpdate, StreamReader, readings_source
