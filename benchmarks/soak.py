@@ -424,12 +424,17 @@ def _totals(result: Result, load: Load, warm_from: float) -> None:
 
 
 def _summary(result: Result) -> str:
+    own = (
+        # The client opening the streams may be too busy to send a call in the window.
+        "none sent on the streams' connection"
+        if math.isnan(result.burst_max_unary_ms)
+        else f"{result.burst_max_unary_ms:.1f} ms on the streams' connection"
+    )
     return (
         f"{result.name}: burst of {result.streams} streams: all answered in "
         f"{result.burst_all_streams_s:.2f} s, server loop blocked "
         f"{result.burst_server_stall_ms:.0f} ms at most (longest garbage collection "
-        f"{result.burst_server_gc_ms:.0f} ms), slowest unary "
-        f"{result.burst_max_unary_ms:.1f} ms on the streams' connection and "
+        f"{result.burst_server_gc_ms:.0f} ms), slowest unary {own} and "
         f"{result.burst_probe_max_ms:.1f} ms (p99 {result.burst_probe_p99_ms:.1f} ms) on a "
         "second client's, "
         f"{result.burst_unavailable} UNAVAILABLE\n"
