@@ -79,8 +79,9 @@ TapEvent = (
 
 def tap_attribution(reading: PodResourcesReading, snapshot: Snapshot) -> TapAttribution:
     """The devices that ``reading``'s kubelet answer attributes, joined with the snapshot:
-    on a cluster scaler those of its node only, not the whole cluster's once per answer."""
-    joined = attribute(snapshot, node=reading.node if snapshot.on_cluster() else None)
+    those of its node only (a node agent's own, ``LOCAL_NODE``), not the whole cluster's
+    once per answer."""
+    joined = attribute(snapshot, node=reading.node)
     held: list[TapHeldDevice] = []
     if joined is not None:
         for key, holders in joined.by_device.items():
