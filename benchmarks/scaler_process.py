@@ -7,8 +7,7 @@ every default polling interval, as a heartbeat) on the scaler's transport
 (``serving/transport.py``): what the gRPC stack costs under a load before the scaler adds
 anything. (grpclib's own server cannot be that floor: it offers h2's default of 100
 concurrent streams per connection, so a thousand streams on one connection never open.)
-Then it answers one line per command on
-stdin:
+Then it answers one line per command on stdin:
 
 - ``cpu``: this process's CPU time in ns (all threads);
 - ``rss``: its resident set size in bytes;
@@ -215,7 +214,7 @@ def _control(loop: asyncio.AbstractEventLoop, flip: FlipSource | None, lag: LagM
 
 
 def _watch_stalls(lag: LagMonitor, path: str) -> None:
-    """A thread that, when the loop's 5 ms timer is 15 ms late, writes where the loop's
+    """A thread that, when the loop's 5 ms timer is 20 ms late, writes where the loop's
     thread is (a stack sample every 5 ms until it runs again) to ``path``."""
     import traceback
 
