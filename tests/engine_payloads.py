@@ -17,7 +17,27 @@ VLLM_V1 = "vllm-v1-vllm-docs-design-metrics.txt"
 TRITON = "triton-datadog-integrations-core.txt"
 TGI = "tgi-datadog-integrations-core.txt"
 SGLANG = "sglang-sglang-docs-production-metrics.txt"
-ALL_FIXTURES = (VLLM_V0, VLLM_V1, TRITON, TGI, SGLANG)
+SGLANG_2026 = "sglang-0.5.23-dp2-tp2-ep2-priority.txt"
+VLLM_2026 = "vllm-0.34.0-dp2.txt"
+VLLM_2026_ASLEEP = "vllm-0.34.0-dp2-asleep.txt"
+TRTLLM = "trtllm-serve-iter-stats.txt"
+TRTLLM_NO_ITER_STATS = "trtllm-serve-no-iter-stats.txt"
+DYNAMO = "dynamo-frontend.txt"
+LLMD = "llmd-router-epp.txt"
+ALL_FIXTURES = (
+    VLLM_V0,
+    VLLM_V1,
+    TRITON,
+    TGI,
+    SGLANG,
+    SGLANG_2026,
+    VLLM_2026,
+    VLLM_2026_ASLEEP,
+    TRTLLM,
+    TRTLLM_NO_ITER_STATS,
+    DYNAMO,
+    LLMD,
+)
 
 
 def fixture(name: str) -> str:
