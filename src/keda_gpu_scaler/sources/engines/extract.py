@@ -11,8 +11,10 @@ never disturb each other's rates. Aggregation follows the engines' own process m
 - Triton: Σ pending requests; queue wait per **request** (Δqueue_us / Δrequest_success,
   not / Δinference_count, which counts batch items); request rate = Δ(success + failure)/Δt.
 - TGI: the router's queue and running batch (one process, no labels).
-- SGLang: ranks of one scheduler (``tp_rank``/``pp_rank``) repeat one queue, so **max**
-  over them, then **Σ** over data-parallel schedulers; token usage the highest rank.
+- SGLang: ranks of one scheduler (``tp_rank``, ``pp_rank``, ``moe_ep_rank``) repeat one
+  queue, so **max** over them; with priority scheduling the total (``priority=""``) counts,
+  never its per-priority split beside it; then **Σ** over data-parallel schedulers
+  (``dp_rank``); token usage the highest rank (rounded to 0.01 by SGLang itself).
 
 Fractions (vLLM ``*_perc``, SGLang ``token_usage``) are 0..1 and become percent; a value
 above 1 is refused rather than guessed at.
@@ -66,7 +68,10 @@ TGI_BATCH = "tgi_batch_current_size"
 SGLANG_QUEUE = "sglang:num_queue_reqs"
 SGLANG_RUNNING = "sglang:num_running_reqs"
 SGLANG_TOKEN_USAGE = "sglang:token_usage"
-SGLANG_RANKS = frozenset({"tp_rank", "pp_rank"})
+SGLANG_RANKS = frozenset({"tp_rank", "pp_rank", "moe_ep_rank"})
+"""Ranks of one scheduler: with ``--enable-metrics-for-all-schedulers`` each reports its queue."""
+SGLANG_SPLIT = "priority"
+"""Priority scheduling writes each queue's total under ``priority=""`` and a split beside it."""
 
 _VLLM_HISTOGRAMS = (VLLM_QUEUE_TIME, VLLM_TTFT)
 _VLLM_COUNTERS = (VLLM_PREEMPTIONS, *(n for f in _VLLM_HISTOGRAMS for n in w.histogram_names(f)))
@@ -193,9 +198,11 @@ def extract_sglang(
 ) -> tuple[SglangReading, Baseline]:
     results = w.fill(
         {
-            "queue_requests": lambda: w.gauge_sum_of_max(exposition, SGLANG_QUEUE, SGLANG_RANKS),
-            "running_requests": lambda: w.gauge_sum_of_max(
-                exposition, SGLANG_RUNNING, SGLANG_RANKS
+            "queue_requests": lambda: w.gauge_per_scheduler(
+                exposition, SGLANG_QUEUE, SGLANG_RANKS, SGLANG_SPLIT
+            ),
+            "running_requests": lambda: w.gauge_per_scheduler(
+                exposition, SGLANG_RUNNING, SGLANG_RANKS, SGLANG_SPLIT
             ),
             "token_usage_percent": lambda: w.fraction_percent(
                 w.gauge_max(exposition, SGLANG_TOKEN_USAGE), SGLANG_TOKEN_USAGE

@@ -83,13 +83,29 @@ def gauge_max(exposition: Exposition, name: str) -> float:
     return max(s.value for s in _finite(exposition.named(name), name, exposition))
 
 
-def gauge_sum_of_max(exposition: Exposition, name: str, rank_labels: frozenset[str]) -> float:
-    """Max within the ranks of one scheduler (``rank_labels`` ignored), Σ over schedulers."""
-    groups: dict[Labels, float] = defaultdict(float)
+def gauge_per_scheduler(
+    exposition: Exposition, name: str, rank_labels: frozenset[str], split_label: str
+) -> float:
+    """Each scheduler's gauge once, Σ over schedulers.
+
+    The ranks of one scheduler (``rank_labels``) repeat or share its number: the highest
+    rank's counts. A series split by ``split_label`` (a non-empty value) beside a total (the
+    label empty or absent) is a breakdown of that total: the total counts, or, for a rank
+    that wrote no total, the Σ of its split. Every other label tells schedulers apart.
+    """
+    ranks: dict[Labels, dict[Labels, list[float]]] = defaultdict(dict)
     for s in _finite(exposition.named(name), name, exposition):
-        key = tuple(p for p in s.labels if p[0] not in rank_labels)
-        groups[key] = max(groups[key], s.value)
-    return math.fsum(groups.values())
+        scheduler = tuple(p for p in s.labels if p[0] not in rank_labels and p[0] != split_label)
+        rank = tuple(p for p in s.labels if p[0] in rank_labels)
+        total_and_split = ranks[scheduler].setdefault(rank, [math.nan, 0.0])
+        if s.label(split_label):
+            total_and_split[1] += s.value
+        else:
+            total_and_split[0] = s.value
+    return math.fsum(
+        max(split if math.isnan(total) else total for total, split in by_rank.values())
+        for by_rank in ranks.values()
+    )
 
 
 def fraction_percent(value: float, name: str) -> float:
