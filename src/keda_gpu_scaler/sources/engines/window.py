@@ -180,6 +180,8 @@ class HistogramDelta(msgspec.Struct, frozen=True):
     """(upper bound, cumulative Δcount), sorted by bound; ends with +Inf."""
     count: float
     sum: float | None
+    unquantiled: str | None = None
+    """Why no quantile can be read from ``buckets`` (the series share no finite bound)."""
 
 
 def histogram_names(family: str) -> tuple[str, str, str]:
@@ -216,21 +218,28 @@ def _merge(
     merged: dict[float, float] = defaultdict(float)
     count = 0.0
     total: float | None = 0.0
-    used = 0
+    used: list[dict[float, float]] = []
     for base, buckets in groups.items():
         count_delta = window.deltas.get((count_name, base))
         if buckets is None or count_delta is None:
             continue
-        used += 1
+        used.append(buckets)
         buckets.setdefault(math.inf, count_delta)  # PromQL needs +Inf; _count is the same
-        for bound, delta in buckets.items():
-            merged[bound] += delta
         count += count_delta
         sum_delta = window.deltas.get((sum_name, base))
         total = None if total is None or sum_delta is None else total + sum_delta
     if not used:
         raise Absent(f"{family} was reset or is new in this window; re-baselined")
-    return HistogramDelta(sorted(merged.items()), count, total)
+    # Bounds are the engine's choice (vLLM's --custom-histogram-buckets, Dynamo's
+    # DYN_METRICS_*), so two engines may differ: a cumulative count is known for every series
+    # only at a bound they all have.
+    shared = frozenset(used[0]).intersection(*used[1:])
+    for bound in shared:
+        merged[bound] = math.fsum(buckets[bound] for buckets in used)
+    unquantiled = None
+    if len(shared) == 1 and any(len(buckets) > 1 for buckets in used):
+        unquantiled = f"the series of {family} share no finite bucket bound (custom buckets?)"
+    return HistogramDelta(sorted(merged.items()), count, total, unquantiled)
 
 
 def histogram_mean(hist: HistogramDelta, family: str) -> float:
@@ -243,6 +252,8 @@ def histogram_mean(hist: HistogramDelta, family: str) -> float:
 
 def histogram_quantile(q: float, hist: HistogramDelta, family: str) -> float:
     """Linear interpolation inside the bucket holding rank ``q × count``, as PromQL does."""
+    if hist.unquantiled is not None:
+        raise Absent(hist.unquantiled)
     buckets = _monotonic(hist.buckets)
     if len(buckets) < 2 or buckets[-1][1] <= 0:
         raise Absent(f"no {family} observations in the window")
