@@ -9,14 +9,25 @@ import pytest
 
 from keda_gpu_scaler.domain.engines import EngineKind
 from keda_gpu_scaler.sources.engines.extract import SELECTIONS, extract_vllm
-from keda_gpu_scaler.sources.engines.promtext import Exposition, parse_exposition
+from keda_gpu_scaler.sources.engines.fields import FIRST_SCRAPE
+from keda_gpu_scaler.sources.engines.promtext import (
+    Exposition,
+    merge_expositions,
+    parse_exposition,
+)
 from keda_gpu_scaler.sources.engines.window import (
     Absent,
     histogram_delta,
     take_baseline,
     window_between,
 )
-from tests.engine_payloads import vllm_histogram
+from tests.engine_payloads import (
+    VLLM_2026,
+    VLLM_2026_ASLEEP,
+    VLLM_V0,
+    fixture,
+    vllm_histogram,
+)
 
 TTFT = "vllm:time_to_first_token_seconds"
 
@@ -83,5 +94,85 @@ def test_absent_means_absent_when_the_histogram_is_missing() -> None:
     before = take_baseline(_vllm(""), (f"{TTFT}_bucket",), 0.0)
     window = window_between(before, take_baseline(_vllm(""), (f"{TTFT}_bucket",), 1.0))
     assert window is not None
-    with pytest.raises(Absent, match="missing from the payload"):
+    with pytest.raises(Absent, match="missing") as caught:
         histogram_delta(window, TTFT)
+    assert caught.value.missing
+
+
+# --- the 0.34 payload -----------------------------------------------------------------------
+
+
+def _rejected(text: str, count: int) -> str:
+    old = 'reason="max_num_queued_reqs"} 17.0'
+    assert old in text
+    return text.replace(old, f'reason="max_num_queued_reqs"}} {count}.0')
+
+
+def test_the_034_payload_reads_every_signal_of_both_engines() -> None:
+    reading, _ = extract_vllm(_vllm(fixture(VLLM_2026)), taken_at=0.0)
+    assert reading.queue_depth == 8.0
+    assert (reading.queue_capacity, reading.queue_deferred) == (7.0, 1.0)
+    assert reading.running == 89.0
+    assert reading.kv_cache_usage_percent == pytest.approx(91.2)  # the hotter engine
+    assert reading.engines_asleep == 0.0
+    assert reading.admission_rejections_per_s is None
+    assert reading.reasons["admission_rejections_per_s"] == FIRST_SCRAPE
+    assert "gpu_cache_usage_perc" not in fixture(VLLM_2026)
+
+
+def test_admission_rejections_are_a_rate_over_every_reason() -> None:
+    text = fixture(VLLM_2026)
+    _, base = extract_vllm(_vllm(text), taken_at=0.0)
+    reading, base = extract_vllm(_vllm(_rejected(text, 42)), taken_at=5.0, previous=base)
+    assert reading.admission_rejections_per_s == pytest.approx(25 / 5)
+    reading, _ = extract_vllm(_vllm(_rejected(text, 42)), taken_at=10.0, previous=base)
+    assert reading.admission_rejections_per_s == 0.0  # none refused since: a real 0
+
+
+def test_a_release_without_the_new_series_says_so() -> None:
+    reading, _ = extract_vllm(_vllm(fixture(VLLM_V0)), taken_at=0.0)
+    assert reading.queue_depth == 0.0
+    assert reading.queue_capacity is None
+    assert reading.reasons["queue_capacity"] == (
+        "vllm:num_requests_waiting_by_reason is missing from the payload"
+    )
+    assert reading.engines_asleep is None
+
+
+def test_a_sleeping_engine_does_not_read_as_idle() -> None:
+    reading, _ = extract_vllm(_vllm(fixture(VLLM_2026_ASLEEP)), taken_at=0.0)
+    assert reading.engines_asleep == 2.0
+    for field in ("queue_depth", "queue_capacity", "running", "kv_cache_usage_percent"):
+        assert reading.value(field) is None, field
+        reason = reading.reasons[field]
+        assert reason.startswith("vLLM is asleep: engine 0 (level 1: weights offloaded), ")
+        assert "no value, not 0" in reason
+    assert reading.value("preemptions_per_s") is None
+
+
+def test_one_sleeping_pod_behind_a_service_makes_the_deployment_unknown() -> None:
+    awake = _vllm(fixture(VLLM_2026)).with_label("__address__", "10.0.0.1:8000")
+    asleep = _vllm(fixture(VLLM_2026_ASLEEP)).with_label("__address__", "10.0.0.2:8000")
+    reading, _ = extract_vllm(merge_expositions([awake, asleep]), taken_at=0.0)
+    assert reading.queue_depth is None
+    assert (
+        "engine 0 of 10.0.0.2:8000 (level 1: weights offloaded)" in reading.reasons["queue_depth"]
+    )
+    assert reading.engines_asleep == 2.0
+
+
+def test_sleep_level_2_and_a_released_kv_cache_are_named() -> None:
+    text = fixture(VLLM_2026_ASLEEP)
+    level2 = text.replace(
+        'engine="0",model_name="meta-llama/Llama-3.1-8B-Instruct",sleep_state="discard_all"} 0.0',
+        'engine="0",model_name="meta-llama/Llama-3.1-8B-Instruct",sleep_state="discard_all"} 1.0',
+    ).replace(
+        'engine="1",model_name="meta-llama/Llama-3.1-8B-Instruct",'
+        'sleep_state="weights_offloaded"} 1.0',
+        'engine="1",model_name="meta-llama/Llama-3.1-8B-Instruct",'
+        'sleep_state="weights_offloaded"} 0.0',
+    )
+    reading, _ = extract_vllm(_vllm(level2), taken_at=0.0)
+    reason = reading.reasons["queue_depth"]
+    assert "engine 0 (level 2: weights and KV cache discarded)" in reason
+    assert "engine 1 (KV cache released)" in reason

@@ -137,6 +137,7 @@ def test_the_ten_upstream_profiles_are_untouched() -> None:
         "tgi-queue",
         "sglang-queue",
         "vllm-ttft",
+        "vllm-admission-rejections",
     }
 
 

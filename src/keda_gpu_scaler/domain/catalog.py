@@ -42,6 +42,9 @@ class MetricType(enum.StrEnum):
     TGI_BATCH_SIZE = "tgi_batch_size"
     SGLANG_QUEUE_REQUESTS = "sglang_queue_requests"
     SGLANG_TOKEN_USAGE = "sglang_token_usage"
+    VLLM_QUEUE_CAPACITY = "vllm_queue_capacity"
+    VLLM_ADMISSION_REJECTION_RATE = "vllm_admission_rejection_rate"
+    TRITON_FIRST_RESPONSE_P95_MS = "triton_first_response_p95_ms"
 
 
 class Origin(enum.StrEnum):
@@ -342,6 +345,33 @@ CATALOG: dict[MetricType, MetricInfo] = {
             "sglang:token_usage",
             "KV token pool in use, the highest rank",
             "token_usage_percent",
+        ),
+        _engine(
+            MetricType.VLLM_QUEUE_CAPACITY,
+            "requests",
+            Origin.VLLM,
+            'vllm:num_requests_waiting_by_reason{reason="capacity"}',
+            "requests waiting for scheduling capacity (not those deferred by LoRA budget or "
+            "KV transfer), summed",
+            "queue_capacity",
+        ),
+        _engine(
+            MetricType.VLLM_ADMISSION_REJECTION_RATE,
+            "requests/s",
+            Origin.VLLM,
+            "vllm:admission_rejections_total",
+            "requests refused because a queue limit was full (--max-num-queued-reqs, "
+            "--max-num-queued-tokens), per second",
+            "admission_rejections_per_s",
+        ),
+        _engine(
+            MetricType.TRITON_FIRST_RESPONSE_P95_MS,
+            "ms",
+            Origin.TRITON,
+            "nv_inference_first_response_histogram_ms",
+            "95th percentile time to first response over the last interval (decoupled models, "
+            "--metrics-config histogram_latencies=true)",
+            "first_response_p95_ms",
         ),
     )
 }

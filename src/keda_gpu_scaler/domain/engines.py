@@ -62,6 +62,11 @@ class _Reading(msgspec.Struct, frozen=True, kw_only=True):
 class VllmReading(_Reading, frozen=True, kw_only=True, tag="vllm"):
     queue_depth: float | None = None
     """Σ ``vllm:num_requests_waiting`` over engines and models."""
+    queue_capacity: float | None = None
+    """Σ ``vllm:num_requests_waiting_by_reason{reason="capacity"}``: waiting for room."""
+    queue_deferred: float | None = None
+    """Σ ``vllm:num_requests_waiting_by_reason{reason="deferred"}``: held by a transient
+    constraint (LoRA budget, KV transfer), not by capacity."""
     running: float | None = None
     """Σ ``vllm:num_requests_running``."""
     kv_cache_usage_percent: float | None = None
@@ -73,6 +78,12 @@ class VllmReading(_Reading, frozen=True, kw_only=True, tag="vllm"):
     """Mean time to first token of requests that got one in the last window."""
     ttft_p95_s: float | None = None
     preemptions_per_s: float | None = None
+    admission_rejections_per_s: float | None = None
+    """Δ ``vllm:admission_rejections_total`` / Δt: requests refused because a queue limit
+    (``--max-num-queued-reqs``, ``--max-num-queued-tokens``) was full."""
+    engines_asleep: float | None = None
+    """Engines whose ``vllm:engine_sleep_state{sleep_state="awake"}`` is 0. While one sleeps,
+    the levels and the preemption rate have no value: a sleeping engine must not read idle."""
 
 
 class TritonReading(_Reading, frozen=True, kw_only=True, tag="triton"):
@@ -84,6 +95,9 @@ class TritonReading(_Reading, frozen=True, kw_only=True, tag="triton"):
     """(Δ success + Δ failure) / Δt, requests per second."""
     inference_rate: float | None = None
     """Δ ``nv_inference_count`` / Δt: batch **items** per second, not requests."""
+    first_response_p95_ms: float | None = None
+    """95th percentile of Δ ``nv_inference_first_response_histogram_ms`` (decoupled models,
+    ``--metrics-config histogram_latencies=true``)."""
 
 
 class TgiReading(_Reading, frozen=True, kw_only=True, tag="tgi"):

@@ -131,5 +131,15 @@ PROFILES: dict[str, Profile] = {
             60,
             "vLLM serving, 95th percentile time to first token",
         ),
+        # Requests refused at a full queue are demand already lost: one a second per replica
+        # asks for another replica, and any refusal is active.
+        _profile(
+            "vllm-admission-rejections",
+            MetricType.VLLM_ADMISSION_REJECTION_RATE,
+            1,
+            0,
+            60,
+            "vLLM serving with a queue limit, requests refused per second",
+        ),
     )
 }

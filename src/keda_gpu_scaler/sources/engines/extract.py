@@ -22,8 +22,8 @@ above 1 is refused rather than guessed at.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-from typing import Any, Protocol
+from collections import defaultdict
+from typing import Protocol
 
 from keda_gpu_scaler.domain.engines import (
     EngineKind,
@@ -33,22 +33,28 @@ from keda_gpu_scaler.domain.engines import (
     TritonReading,
     VllmReading,
 )
+from keda_gpu_scaler.sources.engines import fields as f
 from keda_gpu_scaler.sources.engines import window as w
-from keda_gpu_scaler.sources.engines.promtext import Exposition, Selection
+from keda_gpu_scaler.sources.engines.fields import FIRST_SCRAPE, NO_OPTIONS, Options
+from keda_gpu_scaler.sources.engines.promtext import Exposition, Labels, Selection
 from keda_gpu_scaler.sources.engines.window import Absent, Baseline, Window
 
 
 class Extractor(Protocol):
     def __call__(
-        self, exposition: Exposition, *, taken_at: float, previous: Baseline | None = None
+        self,
+        exposition: Exposition,
+        *,
+        taken_at: float,
+        previous: Baseline | None = None,
+        options: Options = NO_OPTIONS,
     ) -> tuple[EngineReading, Baseline]: ...
 
 
-QUANTILE = 0.95
-"""The quantile of vLLM latency histograms (p95, as the reference dashboards use)."""
-FIRST_SCRAPE = "first scrape: a rate needs two scrapes"
-
 VLLM_WAITING = "vllm:num_requests_waiting"
+VLLM_BY_REASON = "vllm:num_requests_waiting_by_reason"
+VLLM_ADMISSION = "vllm:admission_rejections"
+VLLM_SLEEP = "vllm:engine_sleep_state"
 VLLM_RUNNING = "vllm:num_requests_running"
 VLLM_KV = "vllm:kv_cache_usage_perc"
 VLLM_KV_OLD = "vllm:gpu_cache_usage_perc"
@@ -61,6 +67,10 @@ TRITON_QUEUE_US = "nv_inference_queue_duration_us"
 TRITON_SUCCESS = "nv_inference_request_success"
 TRITON_FAILURE = "nv_inference_request_failure"
 TRITON_ITEMS = "nv_inference_count"
+TRITON_FIRST_RESPONSE = "nv_inference_first_response_histogram_ms"
+TRITON_FIRST_RESPONSE_HINT = (
+    "Triton writes it for decoupled models only, with --metrics-config histogram_latencies=true"
+)
 
 TGI_QUEUE = "tgi_queue_size"
 TGI_BATCH = "tgi_batch_current_size"
@@ -74,92 +84,151 @@ SGLANG_SPLIT = "priority"
 """Priority scheduling writes each queue's total under ``priority=""`` and a split beside it."""
 
 _VLLM_HISTOGRAMS = (VLLM_QUEUE_TIME, VLLM_TTFT)
-_VLLM_COUNTERS = (VLLM_PREEMPTIONS, *(n for f in _VLLM_HISTOGRAMS for n in w.histogram_names(f)))
-_TRITON_COUNTERS = (TRITON_QUEUE_US, TRITON_SUCCESS, TRITON_FAILURE, TRITON_ITEMS)
+_VLLM_COUNTERS = (
+    VLLM_PREEMPTIONS,
+    VLLM_ADMISSION + "_total",
+    *(n for family in _VLLM_HISTOGRAMS for n in w.histogram_names(family)),
+)
+_VLLM_LEVELS = (VLLM_WAITING, VLLM_BY_REASON, VLLM_RUNNING, VLLM_KV, VLLM_KV_OLD, VLLM_SLEEP)
+_TRITON_FAMILIES = (
+    TRITON_QUEUE_US,
+    TRITON_SUCCESS,
+    TRITON_FAILURE,
+    TRITON_ITEMS,
+    TRITON_FIRST_RESPONSE,
+)
+_TRITON_COUNTERS = (*_TRITON_FAMILIES[:-1], *w.histogram_names(TRITON_FIRST_RESPONSE))
 
 SELECTIONS: dict[EngineKind, Selection] = {
     EngineKind.VLLM: Selection(
-        (VLLM_WAITING, VLLM_RUNNING, VLLM_KV, VLLM_KV_OLD, VLLM_PREEMPTIONS, *_VLLM_HISTOGRAMS)
+        (*_VLLM_LEVELS, VLLM_PREEMPTIONS, VLLM_ADMISSION, *_VLLM_HISTOGRAMS)
     ),
-    EngineKind.TRITON: Selection((TRITON_PENDING, *_TRITON_COUNTERS)),
+    EngineKind.TRITON: Selection((TRITON_PENDING, *_TRITON_FAMILIES)),
     EngineKind.TGI: Selection((TGI_QUEUE, TGI_BATCH)),
     EngineKind.SGLANG: Selection((SGLANG_QUEUE, SGLANG_RUNNING, SGLANG_TOKEN_USAGE)),
 }
 """The families each engine's extractor reads: pass to ``parse_exposition``."""
 
 
-def _build(cls: type[Any], taken_at: float, results: dict[str, float | str]) -> Any:
-    values, reasons = w.split(results)
-    return cls(taken_at=taken_at, reasons=reasons, **values)
-
-
-def _advance(
-    exposition: Exposition, names: Iterable[str], taken_at: float, previous: Baseline | None
-) -> tuple[Window | None, Baseline]:
-    current = w.take_baseline(exposition, names, taken_at)
-    return w.window_between(previous, current), current
-
-
 # --- vLLM ---------------------------------------------------------------------------------
 
 
 def extract_vllm(
-    exposition: Exposition, *, taken_at: float, previous: Baseline | None = None
+    exposition: Exposition,
+    *,
+    taken_at: float,
+    previous: Baseline | None = None,
+    options: Options = NO_OPTIONS,
 ) -> tuple[VllmReading, Baseline]:
-    window, baseline = _advance(exposition, _VLLM_COUNTERS, taken_at, previous)
-    results = w.fill(
+    window, baseline = f.advance(exposition, _VLLM_COUNTERS, taken_at, previous)
+    asleep = _vllm_asleep(exposition)
+
+    def awake(compute: f.Compute) -> f.Compute:
+        # A sleeping engine's queue and cache read 0: no measure of demand, never "idle".
+        return compute if not asleep else lambda: _raise(_asleep_reason(asleep))
+
+    reading = f.build(
+        VllmReading,
+        taken_at,
         {
-            "queue_depth": lambda: w.gauge_sum(exposition, VLLM_WAITING),
-            "running": lambda: w.gauge_sum(exposition, VLLM_RUNNING),
-            "kv_cache_usage_percent": lambda: _vllm_kv_percent(exposition),
-            "queue_time_mean_s": lambda: _mean(window, VLLM_QUEUE_TIME),
-            "queue_time_p95_s": lambda: _quantile(window, VLLM_QUEUE_TIME),
-            "ttft_mean_s": lambda: _mean(window, VLLM_TTFT),
-            "ttft_p95_s": lambda: _quantile(window, VLLM_TTFT),
-            "preemptions_per_s": lambda: _rate(window, VLLM_PREEMPTIONS),
-        }
+            "queue_depth": awake(lambda: w.gauge_sum(exposition, VLLM_WAITING)),
+            "queue_capacity": awake(lambda: _vllm_waiting(exposition, "capacity")),
+            "queue_deferred": awake(lambda: _vllm_waiting(exposition, "deferred")),
+            "running": awake(lambda: w.gauge_sum(exposition, VLLM_RUNNING)),
+            "kv_cache_usage_percent": awake(lambda: _vllm_kv_percent(exposition)),
+            "queue_time_mean_s": lambda: f.mean(window, VLLM_QUEUE_TIME),
+            "queue_time_p95_s": lambda: f.quantile(window, VLLM_QUEUE_TIME),
+            "ttft_mean_s": lambda: f.mean(window, VLLM_TTFT),
+            "ttft_p95_s": lambda: f.quantile(window, VLLM_TTFT),
+            "preemptions_per_s": awake(lambda: f.rate(window, VLLM_PREEMPTIONS)),
+            "admission_rejections_per_s": lambda: f.rate(window, VLLM_ADMISSION + "_total"),
+            "engines_asleep": lambda: _vllm_engines_asleep(exposition, asleep),
+        },
     )
-    reading: VllmReading = _build(VllmReading, taken_at, results)
     return reading, baseline
 
 
+def _raise(reason: str) -> float:
+    raise Absent(reason)
+
+
 def _vllm_kv_percent(exposition: Exposition) -> float:
-    # Fall back on the old name only when the new one has no samples: 0.9-0.10 export both.
-    use_old = not exposition.named(VLLM_KV) and bool(exposition.named(VLLM_KV_OLD))
-    name = VLLM_KV_OLD if use_old else VLLM_KV
+    # 0.9-0.10 export both names; 0.12 and later only the new one.
+    name = f.newer_or_older(exposition, VLLM_KV, VLLM_KV_OLD)
     return w.fraction_percent(w.gauge_max(exposition, name), name)
 
 
-def _rate(window: Window | None, name: str) -> float:
-    return w.rate(w.require(window, FIRST_SCRAPE), [name])
+def _vllm_waiting(exposition: Exposition, reason: str) -> float:
+    samples = exposition.named(VLLM_BY_REASON)
+    if not samples:
+        return w.gauge_sum(exposition, VLLM_BY_REASON)  # raises the precise absence
+    chosen = f.matching(samples, {"reason": reason})
+    if not chosen:
+        raise Absent(f'{VLLM_BY_REASON} has no reason="{reason}" series')
+    return w.gauge_sum(Exposition(tuple(chosen), exposition.declared), VLLM_BY_REASON)
 
 
-def _mean(window: Window | None, family: str) -> float:
-    hist = w.histogram_delta(w.require(window, FIRST_SCRAPE), family)
-    return w.histogram_mean(hist, family)
+def _vllm_asleep(exposition: Exposition) -> list[str]:
+    """The engines whose ``vllm:engine_sleep_state{sleep_state="awake"}`` is 0, in words."""
+    states: dict[Labels, dict[str, float]] = defaultdict(dict)
+    for s in exposition.named(VLLM_SLEEP):
+        engine = tuple(p for p in s.labels if p[0] != "sleep_state")
+        states[engine][s.label("sleep_state") or ""] = s.value
+    asleep = []
+    for engine, state in states.items():
+        if state.get("awake") != 0.0:
+            continue
+        labels = dict(engine)
+        who = f"engine {labels.get('engine', '0')}"
+        if "__address__" in labels:
+            who += f" of {labels['__address__']}"
+        if state.get("discard_all") == 1.0:
+            who += " (level 2: weights and KV cache discarded)"
+        elif state.get("weights_offloaded") == 1.0:
+            who += " (level 1: weights offloaded)"
+        else:
+            who += " (KV cache released)"
+        asleep.append(who)
+    return sorted(asleep)
 
 
-def _quantile(window: Window | None, family: str) -> float:
-    hist = w.histogram_delta(w.require(window, FIRST_SCRAPE), family)
-    return w.histogram_quantile(QUANTILE, hist, family)
+def _asleep_reason(asleep: list[str]) -> str:
+    return (
+        f"vLLM is asleep: {', '.join(asleep)}; a sleeping engine's queue and cache say nothing "
+        "of demand (no value, not 0): wake it (POST /wake_up) or scale on another trigger"
+    )
+
+
+def _vllm_engines_asleep(exposition: Exposition, asleep: list[str]) -> float:
+    if not exposition.named(VLLM_SLEEP):
+        return w.gauge_sum(exposition, VLLM_SLEEP)  # raises the precise absence
+    return float(len(asleep))
 
 
 # --- Triton -------------------------------------------------------------------------------
 
 
 def extract_triton(
-    exposition: Exposition, *, taken_at: float, previous: Baseline | None = None
+    exposition: Exposition,
+    *,
+    taken_at: float,
+    previous: Baseline | None = None,
+    options: Options = NO_OPTIONS,
 ) -> tuple[TritonReading, Baseline]:
-    window, baseline = _advance(exposition, _TRITON_COUNTERS, taken_at, previous)
-    results = w.fill(
+    window, baseline = f.advance(exposition, _TRITON_COUNTERS, taken_at, previous)
+    reading = f.build(
+        TritonReading,
+        taken_at,
         {
             "pending_requests": lambda: w.gauge_sum(exposition, TRITON_PENDING),
             "queue_wait_ms": lambda: _triton_queue_wait_ms(w.require(window, FIRST_SCRAPE)),
             "request_rate": lambda: _triton_request_rate(w.require(window, FIRST_SCRAPE)),
-            "inference_rate": lambda: _rate(window, TRITON_ITEMS),
-        }
+            "inference_rate": lambda: f.rate(window, TRITON_ITEMS),
+            "first_response_p95_ms": f.hinted(
+                lambda: f.quantile(window, TRITON_FIRST_RESPONSE), TRITON_FIRST_RESPONSE_HINT
+            ),
+        },
     )
-    reading: TritonReading = _build(TritonReading, taken_at, results)
     return reading, baseline
 
 
@@ -181,22 +250,33 @@ def _triton_request_rate(window: Window) -> float:
 
 
 def extract_tgi(
-    exposition: Exposition, *, taken_at: float, previous: Baseline | None = None
+    exposition: Exposition,
+    *,
+    taken_at: float,
+    previous: Baseline | None = None,
+    options: Options = NO_OPTIONS,
 ) -> tuple[TgiReading, Baseline]:
-    results = w.fill(
+    reading = f.build(
+        TgiReading,
+        taken_at,
         {
             "queue_size": lambda: w.gauge_sum(exposition, TGI_QUEUE),
             "batch_size": lambda: w.gauge_sum(exposition, TGI_BATCH),
-        }
+        },
     )
-    reading: TgiReading = _build(TgiReading, taken_at, results)
     return reading, Baseline(at=taken_at, values={})
 
 
 def extract_sglang(
-    exposition: Exposition, *, taken_at: float, previous: Baseline | None = None
+    exposition: Exposition,
+    *,
+    taken_at: float,
+    previous: Baseline | None = None,
+    options: Options = NO_OPTIONS,
 ) -> tuple[SglangReading, Baseline]:
-    results = w.fill(
+    reading = f.build(
+        SglangReading,
+        taken_at,
         {
             "queue_requests": lambda: w.gauge_per_scheduler(
                 exposition, SGLANG_QUEUE, SGLANG_RANKS, SGLANG_SPLIT
@@ -207,9 +287,8 @@ def extract_sglang(
             "token_usage_percent": lambda: w.fraction_percent(
                 w.gauge_max(exposition, SGLANG_TOKEN_USAGE), SGLANG_TOKEN_USAGE
             ),
-        }
+        },
     )
-    reading: SglangReading = _build(SglangReading, taken_at, results)
     return reading, Baseline(at=taken_at, values={})
 
 
@@ -221,8 +300,18 @@ EXTRACTORS: dict[EngineKind, Extractor] = {
 }
 
 
+def selection_for(kind: EngineKind, options: Options = NO_OPTIONS) -> Selection:
+    """The families ``kind``'s extractor reads from a target with ``options``."""
+    return SELECTIONS[kind]
+
+
 def extract(
-    kind: EngineKind, exposition: Exposition, *, taken_at: float, previous: Baseline | None
+    kind: EngineKind,
+    exposition: Exposition,
+    *,
+    taken_at: float,
+    previous: Baseline | None,
+    options: Options = NO_OPTIONS,
 ) -> tuple[EngineReading, Baseline]:
     """The reading of ``kind`` from one (or a merged, pod-tagged) exposition."""
-    return EXTRACTORS[kind](exposition, taken_at=taken_at, previous=previous)
+    return EXTRACTORS[kind](exposition, taken_at=taken_at, previous=previous, options=options)

@@ -22,10 +22,12 @@ from keda_gpu_scaler.sources.engines.promtext import Exposition, Labels, PromSam
 
 
 class Absent(Exception):
-    """No value for one field; ``reason`` says why."""
+    """No value for one field; ``reason`` says why. ``missing``: the payload lacks the family's
+    samples altogether (an engine option that turns it on, an older release)."""
 
-    def __init__(self, reason: str) -> None:
+    def __init__(self, reason: str, *, missing: bool = False) -> None:
         self.reason = reason
+        self.missing = missing
         super().__init__(reason)
 
 
@@ -67,8 +69,10 @@ def split(results: dict[str, float | str]) -> tuple[dict[str, float], dict[str, 
 def _finite(samples: list[PromSample], name: str, exposition: Exposition) -> list[PromSample]:
     if not samples:
         if name in exposition.declared:
-            raise Absent(f"{name} is declared but has no samples (stats logging disabled?)")
-        raise Absent(f"{name} is missing from the payload")
+            raise Absent(
+                f"{name} is declared but has no samples (stats logging disabled?)", missing=True
+            )
+        raise Absent(f"{name} is missing from the payload", missing=True)
     for s in samples:
         if not math.isfinite(s.value) or s.value < 0:
             raise Absent(f"{name}{_show(s.labels)} is {s.value!r}")
@@ -149,7 +153,7 @@ def counter_delta(window: Window, name: str) -> float:
     """Σ of valid deltas of every series of ``name``."""
     keys = [k for k in window.current if k[0] == name]
     if not keys:
-        raise Absent(f"{name} is missing from the payload")
+        raise Absent(f"{name} is missing from the payload", missing=True)
     valid = [window.deltas[k] for k in keys if k in window.deltas]
     if not valid:
         raise Absent(f"{name} was reset or is new in this window; re-baselined")
@@ -204,7 +208,7 @@ def histogram_delta(window: Window, family: str) -> HistogramDelta:
             continue
         bucket[_upper_bound(labels, bucket_name)] = delta
     if not groups:
-        raise Absent(f"{family} is missing from the payload")
+        raise Absent(f"{family} is missing from the payload", missing=True)
     return _merge(window, groups, count_name, sum_name, family)
 
 
