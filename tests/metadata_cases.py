@@ -106,4 +106,78 @@ BAD_METADATA: list[tuple[dict[str, str], str]] = [
         "cloud metadata hostname not allowed: metadata.goog",
     ),
     ({"vllmEndpoint": "http://0.0.0.0:8000/"}, "unspecified address not allowed"),
+    (
+        {"metricType": "trtllm_queue_depth"},
+        'missing trtllmEndpoint: metricType "trtllm_queue_depth" requires trtllmEndpoint',
+    ),
+    (
+        {"profile": "dynamo-queue"},
+        'missing dynamoEndpoint: metricType "dynamo_queued_requests" requires dynamoEndpoint',
+    ),
+    (
+        {"profile": "llmd-queue"},
+        'missing llmdEndpoint: metricType "llmd_queue_size" requires llmdEndpoint',
+    ),
+    (
+        {"trtllmEndpoint": "ftp://trtllm/prometheus/metrics"},
+        'invalid trtllmEndpoint "ftp://trtllm/prometheus/metrics": unsupported scheme "ftp"',
+    ),
+    (
+        {"llmdEndpoint": "http://169.254.169.254/metrics"},
+        'invalid llmdEndpoint "http://169.254.169.254/metrics": cloud metadata address',
+    ),
+    (
+        {"dynamoEndpoint": "http://[fe80::1]/metrics"},
+        'invalid dynamoEndpoint "http://[fe80::1]/metrics": link-local address not allowed',
+    ),
+    (
+        {
+            "profile": "dynamo-queue",
+            "dynamoEndpoint": "http://dynamo:8000/metrics",
+            "dynamoMetricsPrefix": "nim-llm",
+        },
+        'invalid dynamoMetricsPrefix "nim-llm": must be a Prometheus metric name prefix '
+        '([a-zA-Z_:][a-zA-Z0-9_:]*); for this value Dynamo exports "nim_llm_queued_requests": '
+        'give "nim_llm"',
+    ),
+    (
+        {
+            "profile": "dynamo-queue",
+            "dynamoEndpoint": "http://dynamo:8000/metrics",
+            "dynamoMetricsPrefix": "1st",
+        },
+        'invalid dynamoMetricsPrefix "1st": must be a Prometheus metric name prefix',
+    ),
+    (
+        {
+            "profile": "dynamo-queue",
+            "dynamoEndpoint": "http://dynamo:8000/metrics",
+            "dynamoModel": " Qwen/Qwen3-0.6B",
+        },
+        'invalid dynamoModel " Qwen/Qwen3-0.6B": must not start or end with blanks',
+    ),
+    (
+        {
+            "profile": "dynamo-queue",
+            "dynamoEndpoint": "http://dynamo:8000/metrics",
+            "dynamoModel": "llama\n3",
+        },
+        'invalid dynamoModel "llama\\n3": must not contain control characters',
+    ),
+    (
+        {
+            "profile": "llmd-queue",
+            "llmdEndpoint": "http://epp.llm.svc:9090/metrics",
+            "inferencePool": "Qwen_Pool",
+        },
+        'invalid inferencePool "Qwen_Pool": must be an InferencePool\'s name (an RFC 1123',
+    ),
+    (
+        {
+            "profile": "llmd-queue",
+            "llmdEndpoint": "http://epp.llm.svc:9090/metrics",
+            "targetModelName": "   ",
+        },
+        'invalid targetModelName "   ": must name a model (it is empty)',
+    ),
 ]

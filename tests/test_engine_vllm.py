@@ -146,7 +146,7 @@ def test_a_sleeping_engine_does_not_read_as_idle() -> None:
         assert reading.value(field) is None, field
         reason = reading.reasons[field]
         assert reason.startswith("vLLM is asleep: engine 0 (level 1: weights offloaded), ")
-        assert "no value, not 0" in reason
+        assert reason.endswith("wake it (POST /wake_up) or scale on another trigger")
     assert reading.value("preemptions_per_s") is None
 
 

@@ -138,6 +138,9 @@ def test_the_ten_upstream_profiles_are_untouched() -> None:
         "sglang-queue",
         "vllm-ttft",
         "vllm-admission-rejections",
+        "trtllm-queue-depth",
+        "dynamo-queue",
+        "llmd-queue",
     }
 
 

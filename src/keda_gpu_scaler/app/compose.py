@@ -202,9 +202,7 @@ class EngineOptions:
 def _engine_sampler(
     scraper: EngineScraper, interval_s: float, target: EngineTarget
 ) -> EngineSampler:
-    return EngineSampler(
-        target.kind, target.url, scraper, discovery=target.discovery, interval_s=interval_s
-    )
+    return EngineSampler.for_target(target, scraper, interval_s=interval_s)
 
 
 @dataclass(frozen=True, slots=True)

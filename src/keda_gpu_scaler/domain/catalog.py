@@ -45,6 +45,19 @@ class MetricType(enum.StrEnum):
     VLLM_QUEUE_CAPACITY = "vllm_queue_capacity"
     VLLM_ADMISSION_REJECTION_RATE = "vllm_admission_rejection_rate"
     TRITON_FIRST_RESPONSE_P95_MS = "triton_first_response_p95_ms"
+    TRTLLM_QUEUE_DEPTH = "trtllm_queue_depth"
+    TRTLLM_RUNNING_REQUESTS = "trtllm_running_requests"
+    TRTLLM_KV_CACHE_USAGE = "trtllm_kv_cache_usage"
+    TRTLLM_KV_CACHE_HIT_RATE = "trtllm_kv_cache_hit_rate"
+    TRTLLM_QUEUE_TIME_MS = "trtllm_queue_time_ms"
+    TRTLLM_TTFT_P95_MS = "trtllm_ttft_p95_ms"
+    DYNAMO_QUEUED_REQUESTS = "dynamo_queued_requests"
+    DYNAMO_INFLIGHT_REQUESTS = "dynamo_inflight_requests"
+    DYNAMO_TTFT_P95_MS = "dynamo_ttft_p95_ms"
+    LLMD_QUEUE_SIZE = "llmd_queue_size"
+    LLMD_AVERAGE_QUEUE_SIZE = "llmd_average_queue_size"
+    LLMD_AVERAGE_KV_CACHE_USAGE = "llmd_average_kv_cache_usage"
+    LLMD_READY_ENDPOINTS = "llmd_ready_endpoints"
 
 
 class Origin(enum.StrEnum):
@@ -55,6 +68,9 @@ class Origin(enum.StrEnum):
     TRITON = "triton"
     TGI = "tgi"
     SGLANG = "sglang"
+    TRTLLM = "trtllm"
+    DYNAMO = "dynamo"
+    LLMD = "llmd"
 
     @property
     def engine(self) -> EngineKind | None:
@@ -127,6 +143,124 @@ def _engine(
     scale: float = 1.0,
 ) -> MetricInfo:
     return MetricInfo(type_, unit, origin, source, description, engine_field=field, scale=scale)
+
+
+_ITER_STATS = "; needs enable_iter_perf_stats: true"
+_TRTLLM = (
+    _engine(
+        MetricType.TRTLLM_QUEUE_DEPTH,
+        "requests",
+        Origin.TRTLLM,
+        "trtllm_num_requests_waiting",
+        "requests queued, summed" + _ITER_STATS,
+        "queue_depth",
+    ),
+    _engine(
+        MetricType.TRTLLM_RUNNING_REQUESTS,
+        "requests",
+        Origin.TRTLLM,
+        "trtllm_num_requests_running",
+        "requests active, summed" + _ITER_STATS,
+        "running",
+    ),
+    _engine(
+        MetricType.TRTLLM_KV_CACHE_USAGE,
+        "percent",
+        Origin.TRTLLM,
+        "trtllm_kv_cache_utilization",
+        "KV cache blocks in use, the highest" + _ITER_STATS,
+        "kv_cache_usage_percent",
+    ),
+    _engine(
+        MetricType.TRTLLM_KV_CACHE_HIT_RATE,
+        "percent",
+        Origin.TRTLLM,
+        "trtllm_kv_cache_hit_rate",
+        "KV cache hit rate, the highest" + _ITER_STATS,
+        "kv_cache_hit_rate_percent",
+    ),
+    _engine(
+        MetricType.TRTLLM_QUEUE_TIME_MS,
+        "ms",
+        Origin.TRTLLM,
+        "trtllm_request_queue_time_seconds (histogram)",
+        "mean queue time of requests that finished in the last interval",
+        "queue_time_mean_s",
+        scale=1000.0,
+    ),
+    _engine(
+        MetricType.TRTLLM_TTFT_P95_MS,
+        "ms",
+        Origin.TRTLLM,
+        "trtllm_time_to_first_token_seconds (histogram)",
+        "95th percentile time to first token over the last interval",
+        "ttft_p95_s",
+        scale=1000.0,
+    ),
+)
+_DYNAMO = (
+    _engine(
+        MetricType.DYNAMO_QUEUED_REQUESTS,
+        "requests",
+        Origin.DYNAMO,
+        "dynamo_frontend_queued_requests",
+        "requests in the frontend's HTTP queue (before their first response), summed over "
+        "models or of dynamoModel",
+        "queued",
+    ),
+    _engine(
+        MetricType.DYNAMO_INFLIGHT_REQUESTS,
+        "requests",
+        Origin.DYNAMO,
+        "dynamo_frontend_inflight_requests",
+        "requests in flight to the engines, summed over models or of dynamoModel",
+        "inflight",
+    ),
+    _engine(
+        MetricType.DYNAMO_TTFT_P95_MS,
+        "ms",
+        Origin.DYNAMO,
+        "dynamo_frontend_time_to_first_token_seconds (histogram)",
+        "95th percentile time to first token at the frontend over the last interval",
+        "ttft_p95_s",
+        scale=1000.0,
+    ),
+)
+_LLMD = (
+    _engine(
+        MetricType.LLMD_QUEUE_SIZE,
+        "requests",
+        Origin.LLMD,
+        "llm_d_epp_flow_control_queue_size",
+        "requests the llm-d router holds for the pool (inferencePool) or model "
+        "(targetModelName): all of them while it has no endpoint, so it wakes a pool at zero",
+        "queue_size",
+    ),
+    _engine(
+        MetricType.LLMD_AVERAGE_QUEUE_SIZE,
+        "requests",
+        Origin.LLMD,
+        "llm_d_epp_average_queue_size",
+        "the pool's model servers' mean queue, as the router scrapes them",
+        "average_queue_size",
+    ),
+    _engine(
+        MetricType.LLMD_AVERAGE_KV_CACHE_USAGE,
+        "percent",
+        Origin.LLMD,
+        "llm_d_epp_average_kv_cache_utilization",
+        "the pool's model servers' mean KV cache use",
+        "average_kv_cache_percent",
+    ),
+    _engine(
+        MetricType.LLMD_READY_ENDPOINTS,
+        "endpoints",
+        Origin.LLMD,
+        "llm_d_epp_ready_endpoints",
+        "the pool's ready endpoints",
+        "ready_endpoints",
+    ),
+)
 
 
 CATALOG: dict[MetricType, MetricInfo] = {
@@ -373,5 +507,8 @@ CATALOG: dict[MetricType, MetricInfo] = {
             "--metrics-config histogram_latencies=true)",
             "first_response_p95_ms",
         ),
+        *_TRTLLM,
+        *_DYNAMO,
+        *_LLMD,
     )
 }

@@ -16,10 +16,23 @@ import msgspec
 
 
 class EngineKind(enum.StrEnum):
+    """An engine (or router) whose ``/metrics`` a trigger reads; its endpoint key is the value
+    followed by ``Endpoint`` (``vllmEndpoint``, ``llmdEndpoint``)."""
+
     VLLM = "vllm"
     TRITON = "triton"
     TGI = "tgi"
     SGLANG = "sglang"
+    TRTLLM = "trtllm"
+    """TensorRT-LLM's ``trtllm-serve`` (``/prometheus/metrics``)."""
+    DYNAMO = "dynamo"
+    """The NVIDIA Dynamo frontend."""
+    LLMD = "llmd"
+    """The llm-d router's endpoint picker (EPP), whose flow control queues requests."""
+
+    @property
+    def endpoint_key(self) -> str:
+        return f"{self.value}Endpoint"
 
 
 class Discovery(enum.StrEnum):
@@ -35,11 +48,18 @@ class EngineTarget(msgspec.Struct, frozen=True):
     kind: EngineKind
     url: str
     discovery: Discovery = Discovery.STATIC
+    options: tuple[tuple[str, str], ...] = ()
+    """What the kind reads beyond the URL, sorted: a Dynamo frontend's metric ``prefix`` and
+    ``model``, a router's ``inference_pool`` and ``target_model_name``. Triggers that differ
+    here read different values, so they are different targets."""
 
     @property
     def source(self) -> str:
         """The sampler's source name, also its key in the snapshot."""
-        return f"{self.kind}:{self.discovery}:{self.url}"
+        base = f"{self.kind}:{self.discovery}:{self.url}"
+        if not self.options:
+            return base
+        return base + "[" + ",".join(f"{k}={v}" for k, v in self.options) + "]"
 
 
 class _Reading(msgspec.Struct, frozen=True, kw_only=True):
@@ -115,7 +135,58 @@ class SglangReading(_Reading, frozen=True, kw_only=True, tag="sglang"):
     """100 × max over ranks of ``sglang:token_usage`` (a fraction 0..1 of the KV token pool)."""
 
 
-EngineReading = VllmReading | TritonReading | TgiReading | SglangReading
+class TrtllmReading(_Reading, frozen=True, kw_only=True, tag="trtllm"):
+    queue_depth: float | None = None
+    """Σ ``trtllm_num_requests_waiting`` (iteration stats: ``enable_iter_perf_stats``)."""
+    running: float | None = None
+    """Σ ``trtllm_num_requests_running``."""
+    kv_cache_usage_percent: float | None = None
+    """100 × the highest ``trtllm_kv_cache_utilization`` (used / max KV blocks)."""
+    kv_cache_hit_rate_percent: float | None = None
+    """100 × the highest ``trtllm_kv_cache_hit_rate``."""
+    queue_time_mean_s: float | None = None
+    ttft_p95_s: float | None = None
+
+
+class DynamoReading(_Reading, frozen=True, kw_only=True, tag="dynamo"):
+    queued: float | None = None
+    """Σ ``dynamo_frontend_queued_requests``: requests before their first response."""
+    inflight: float | None = None
+    """Σ ``dynamo_frontend_inflight_requests``: requests at the engines."""
+    ttft_p95_s: float | None = None
+    """95th percentile of Δ ``dynamo_frontend_time_to_first_token_seconds``."""
+
+
+class LlmdReading(_Reading, frozen=True, kw_only=True, tag="llmd"):
+    queue_size: float | None = None
+    """Σ ``llm_d_epp_flow_control_queue_size`` of the selected pool or model: requests the
+    router holds because no endpoint can take them, all of them while the pool has none."""
+    average_queue_size: float | None = None
+    """``llm_d_epp_average_queue_size`` of the pool: the model servers' mean queue."""
+    average_kv_cache_percent: float | None = None
+    """100 × ``llm_d_epp_average_kv_cache_utilization`` of the pool."""
+    ready_endpoints: float | None = None
+    """``llm_d_epp_ready_endpoints`` of the pool."""
+
+
+EngineReading = (
+    VllmReading
+    | TritonReading
+    | TgiReading
+    | SglangReading
+    | TrtllmReading
+    | DynamoReading
+    | LlmdReading
+)
+READING_TYPES: dict[EngineKind, type[EngineReading]] = {
+    EngineKind.VLLM: VllmReading,
+    EngineKind.TRITON: TritonReading,
+    EngineKind.TGI: TgiReading,
+    EngineKind.SGLANG: SglangReading,
+    EngineKind.TRTLLM: TrtllmReading,
+    EngineKind.DYNAMO: DynamoReading,
+    EngineKind.LLMD: LlmdReading,
+}
 
 
 class PodResult(msgspec.Struct, frozen=True, kw_only=True):

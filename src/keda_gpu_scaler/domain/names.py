@@ -22,4 +22,10 @@ def is_service_name(name: str) -> bool:
 
 def is_node_name(name: str) -> bool:
     """A node name: an RFC 1123 subdomain (at most 253)."""
+    return is_object_name(name)
+
+
+def is_object_name(name: str) -> bool:
+    """The name of most objects (an InferencePool's too): an RFC 1123 subdomain (lowercase
+    letters, digits, '-' and '.'; at most 253)."""
     return len(name) <= 253 and _DNS_1123_SUBDOMAIN.fullmatch(name) is not None

@@ -141,5 +141,31 @@ PROFILES: dict[str, Profile] = {
             60,
             "vLLM serving with a queue limit, requests refused per second",
         ),
+        _profile(
+            "trtllm-queue-depth",
+            MetricType.TRTLLM_QUEUE_DEPTH,
+            5,
+            1,
+            30,
+            "TensorRT-LLM serving (trtllm-serve), requests waiting",
+        ),
+        _profile(
+            "dynamo-queue",
+            MetricType.DYNAMO_QUEUED_REQUESTS,
+            5,
+            1,
+            30,
+            "NVIDIA Dynamo frontend, requests waiting for a first response",
+        ),
+        # The router's queue exists while the pool has no replica: one request held wakes it
+        # (activation 0). The cooldown is llm-d's own sample's.
+        _profile(
+            "llmd-queue",
+            MetricType.LLMD_QUEUE_SIZE,
+            5,
+            0,
+            120,
+            "llm-d router, requests held for the pool: scale from zero",
+        ),
     )
 }

@@ -4,8 +4,9 @@ Parse order (the first error wins): defaults, ``profile``, ``metricName``, ``met
 ``targetValue``, ``targetGpuUtilization``, ``targetMemoryUtilization``,
 ``activationThreshold``, ``gpuIndex``, ``migInstance``, ``aggregation``,
 ``windowSeconds``, ``windowAggregation``, ``pollIntervalSeconds``, endpoints,
-endpoint-required checks, endpoint validation, ``cooldownSeconds``, ``podNamespace``,
-``podSelector``, ``nodeName``, ``minCoverage``.
+endpoint-required checks, endpoint validation, the keys that choose an endpoint's series
+(``dynamoMetricsPrefix``, ``dynamoModel``, ``inferencePool``, ``targetModelName``),
+``cooldownSeconds``, ``podNamespace``, ``podSelector``, ``nodeName``, ``minCoverage``.
 
 ``nodeName`` and ``minCoverage`` (this product's keys) matter on a cluster scaler, which
 sees every node (``domain.coverage``).
@@ -45,9 +46,9 @@ from keda_gpu_scaler.domain.coverage import (
     parse_node_name,
 )
 from keda_gpu_scaler.domain.endpoints import endpoint_refusal
-from keda_gpu_scaler.domain.engines import Discovery, EngineTarget
+from keda_gpu_scaler.domain.engines import Discovery, EngineKind, EngineTarget
 from keda_gpu_scaler.domain.errors import InvalidTrigger
-from keda_gpu_scaler.domain.names import is_namespace
+from keda_gpu_scaler.domain.names import is_namespace, is_object_name
 from keda_gpu_scaler.domain.profiles import PROFILES
 from keda_gpu_scaler.domain.selector import LabelSelector, parse_selector
 from keda_gpu_scaler.domain.trigger_keys import lookup, typo_warnings
@@ -56,7 +57,9 @@ from keda_gpu_scaler.domain.trigger_values import (
     parse_choice,
     parse_float,
     parse_int,
+    parse_label_value,
     parse_metric_name,
+    parse_metric_prefix,
     parse_mig_instance,
     parse_target,
 )
@@ -66,6 +69,8 @@ DEFAULT_METRIC_NAME = "keda_gpu_metric"
 DEFAULT_TARGET = 80.0
 DEFAULT_POLL_INTERVAL_S = 10
 DEFAULT_COOLDOWN_S = 60
+DEFAULT_DYNAMO_PREFIX = "dynamo_frontend"
+"""The Dynamo frontend's metric prefix unless ``DYN_METRICS_PREFIX`` changes it."""
 
 
 class TriggerSpec(msgspec.Struct, frozen=True, kw_only=True):
@@ -88,7 +93,18 @@ class TriggerSpec(msgspec.Struct, frozen=True, kw_only=True):
     triton_endpoint: str | None = None
     tgi_endpoint: str | None = None
     sglang_endpoint: str | None = None
+    trtllm_endpoint: str | None = None
+    dynamo_endpoint: str | None = None
+    llmd_endpoint: str | None = None
     endpoint_discovery: Discovery = Discovery.STATIC
+    dynamo_metrics_prefix: str = DEFAULT_DYNAMO_PREFIX
+    """``dynamoMetricsPrefix``: the frontend's ``DYN_METRICS_PREFIX``."""
+    dynamo_model: str | None = None
+    """``dynamoModel``: only this model's series of the Dynamo frontend."""
+    inference_pool: str | None = None
+    """``inferencePool``: only the llm-d router's series of this InferencePool."""
+    target_model_name: str | None = None
+    """``targetModelName``: only the llm-d router's series of this target model."""
     cooldown_s: int = DEFAULT_COOLDOWN_S
     node_name: str | None = None
     """On a cluster scaler: only this node's devices."""
@@ -105,6 +121,9 @@ class TriggerSpec(msgspec.Struct, frozen=True, kw_only=True):
             Origin.TRITON: self.triton_endpoint,
             Origin.TGI: self.tgi_endpoint,
             Origin.SGLANG: self.sglang_endpoint,
+            Origin.TRTLLM: self.trtllm_endpoint,
+            Origin.DYNAMO: self.dynamo_endpoint,
+            Origin.LLMD: self.llmd_endpoint,
         }.get(origin)
 
     @property
@@ -119,7 +138,20 @@ class TriggerSpec(msgspec.Struct, frozen=True, kw_only=True):
         url = self.endpoint
         if kind is None or url is None:
             return None
-        return EngineTarget(kind, url, self.endpoint_discovery)
+        return EngineTarget(kind, url, self.endpoint_discovery, self._options(kind))
+
+    def _options(self, kind: EngineKind) -> tuple[tuple[str, str], ...]:
+        chosen: dict[str, str | None] = {}
+        if kind is EngineKind.DYNAMO:
+            prefix = self.dynamo_metrics_prefix
+            chosen = {"model": self.dynamo_model}
+            chosen["prefix"] = None if prefix == DEFAULT_DYNAMO_PREFIX else prefix
+        elif kind is EngineKind.LLMD:
+            chosen = {
+                "inference_pool": self.inference_pool,
+                "target_model_name": self.target_model_name,
+            }
+        return tuple(sorted((k, v) for k, v in chosen.items() if v is not None))
 
 
 def _endpoint(metadata: Mapping[str, str], key: str) -> str | None:
@@ -181,10 +213,14 @@ def parse_trigger(metadata: Mapping[str, str], namespace: str = "") -> TriggerSp
         triton_endpoint=_endpoint(metadata, "tritonEndpoint"),
         tgi_endpoint=_endpoint(metadata, "tgiEndpoint"),
         sglang_endpoint=_endpoint(metadata, "sglangEndpoint"),
+        trtllm_endpoint=_endpoint(metadata, "trtllmEndpoint"),
+        dynamo_endpoint=_endpoint(metadata, "dynamoEndpoint"),
+        llmd_endpoint=_endpoint(metadata, "llmdEndpoint"),
     )
     if raw := lookup(metadata, "endpointDiscovery"):
         spec = replace(spec, endpoint_discovery=parse_choice("endpointDiscovery", raw, Discovery))
     _check_endpoints(spec)
+    spec = _parse_series_keys(metadata, spec, warnings)
 
     if (raw := lookup(metadata, "cooldownSeconds")) is not None:
         meaning = "must be 0 (off) or a positive number of seconds"
@@ -222,6 +258,47 @@ def _parse_window(
             )
             how = WindowAggregation.AVG
     return msgspec.structs.replace(spec, window_s=window_s, window_aggregation=how)
+
+
+_SERIES_KEYS: dict[str, tuple[Origin, str]] = {
+    "dynamoMetricsPrefix": (Origin.DYNAMO, "dynamo_metrics_prefix"),
+    "dynamoModel": (Origin.DYNAMO, "dynamo_model"),
+    "inferencePool": (Origin.LLMD, "inference_pool"),
+    "targetModelName": (Origin.LLMD, "target_model_name"),
+}
+"""The keys that choose which series of an endpoint a trigger reads: the key's engine, and
+the spec field it sets."""
+
+
+def _parse_series_keys(
+    metadata: Mapping[str, str], spec: TriggerSpec, warnings: list[str]
+) -> TriggerSpec:
+    """``dynamoMetricsPrefix``, ``dynamoModel``, ``inferencePool``, ``targetModelName``: empty
+    counts as unset; a key of another engine than the metric type's is ignored, with a
+    warning."""
+    origin = CATALOG[spec.metric_type].origin
+    values: dict[str, str] = {}
+    for key, (needed_by, field) in _SERIES_KEYS.items():
+        raw = lookup(metadata, key)
+        if not raw:
+            continue
+        if needed_by is not origin:
+            warnings.append(
+                f'{key} "{raw}" is ignored: metricType "{spec.metric_type}" does not read '
+                f"{needed_by.value}Endpoint"
+            )
+            continue
+        if key == "dynamoMetricsPrefix":
+            values[field] = parse_metric_prefix(key, raw)
+        elif key == "inferencePool":
+            if not is_object_name(raw):
+                raise InvalidTrigger(
+                    key, raw, "must be an InferencePool's name (an RFC 1123 subdomain)"
+                )
+            values[field] = raw
+        else:
+            values[field] = parse_label_value(key, raw)
+    return msgspec.structs.replace(spec, **values)
 
 
 def _parse_pods(
@@ -263,8 +340,8 @@ def _parse_pods(
 def _check_endpoints(spec: TriggerSpec) -> None:
     origin = CATALOG[spec.metric_type].origin
     endpoints = tuple(
-        (f"{origin.value}Endpoint", origin, spec.endpoint_for(origin))
-        for origin in (Origin.VLLM, Origin.TRITON, Origin.TGI, Origin.SGLANG)
+        (kind.endpoint_key, Origin(kind.value), spec.endpoint_for(Origin(kind.value)))
+        for kind in EngineKind
     )
     for key, needed_by, url in endpoints:
         if origin is needed_by and url is None:

@@ -30,7 +30,14 @@ TRIGGER_KEYS: tuple[str, ...] = (
     "tritonEndpoint",
     "tgiEndpoint",
     "sglangEndpoint",
+    "trtllmEndpoint",
+    "dynamoEndpoint",
+    "llmdEndpoint",
     "endpointDiscovery",
+    "dynamoMetricsPrefix",
+    "dynamoModel",
+    "inferencePool",
+    "targetModelName",
     "cooldownSeconds",
     "podSelector",
     "podNamespace",
@@ -77,6 +84,32 @@ TRIGGER_KEY_HELP: dict[str, tuple[str, str]] = {
     "tritonEndpoint": ("none", "Triton `/metrics` URL (http or https)"),
     "tgiEndpoint": ("none", "Text Generation Inference `/metrics` URL (http or https)"),
     "sglangEndpoint": ("none", "SGLang `/metrics` URL (http or https)"),
+    "trtllmEndpoint": (
+        "none",
+        "TensorRT-LLM `trtllm-serve` `/prometheus/metrics` URL (http or https)",
+    ),
+    "dynamoEndpoint": ("none", "NVIDIA Dynamo frontend `/metrics` URL (http or https)"),
+    "llmdEndpoint": (
+        "none",
+        "llm-d router endpoint picker (EPP) `/metrics` URL (http or https)",
+    ),
+    "dynamoMetricsPrefix": (
+        "`dynamo_frontend`",
+        "the Dynamo frontend's metric prefix, when `DYN_METRICS_PREFIX` changes it",
+    ),
+    "dynamoModel": (
+        "none (every model)",
+        "only the Dynamo frontend's series of this model (label `model`)",
+    ),
+    "inferencePool": (
+        "none (every pool)",
+        "only the llm-d router's series of this InferencePool (label `inference_pool`; "
+        "`name` on the pool gauges)",
+    ),
+    "targetModelName": (
+        "none (every model)",
+        "only the llm-d router's queued requests for this target model (label `target_model_name`)",
+    ),
     "endpointDiscovery": (
         "`static`",
         "`static`: scrape the URL's host; `dns`: the host is a "

@@ -22,6 +22,9 @@ _NON_FINITE = re.compile(r"[+-]?(?:inf|infinity|nan)", re.IGNORECASE)
 _INT = re.compile(r"[+-]?\d+")
 _NAME_BAD_CHARS = re.compile(r"[^a-z0-9_-]")
 _MIG_UUID = re.compile(r"MIG-[0-9A-Za-z/-]+")
+_METRIC_PREFIX = re.compile(r"[a-zA-Z_:][a-zA-Z0-9_:]*")
+_NOT_IN_PREFIX = re.compile(r"[^a-zA-Z0-9_:]")
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 _MIG_IDS = re.compile(r"(\d+):(\d+)(?::(\d+))?")
 _MIG_FORMAT = (
     "must be a MIG device UUID (MIG-...) or <gpu index>:<GPU instance id>"
@@ -119,4 +122,34 @@ def parse_mig_instance(raw: str, gpu_index: int) -> MigSelector:
         parent_index=int(parent),
         gpu_instance_id=int(gi),
         compute_instance_id=None if ci is None else int(ci),
+    )
+
+
+def parse_label_value(key: str, raw: str) -> str:
+    """A value a series' label must have (a model name): as the engine writes it, so no
+    surrounding blanks and no control characters, which no engine writes into a model name."""
+    if not raw.strip():
+        raise InvalidTrigger(key, raw, "must name a model (it is empty)")
+    if raw != raw.strip():
+        raise InvalidTrigger(key, raw, "must not start or end with blanks")
+    if _CONTROL.search(raw):
+        raise InvalidTrigger(key, raw, "must not contain control characters")
+    return raw
+
+
+def parse_metric_prefix(key: str, raw: str) -> str:
+    """A Prometheus metric name prefix, as Dynamo's ``DYN_METRICS_PREFIX`` is once it has
+    sanitized it: refused rather than guessed at, with the name Dynamo would export."""
+    if _METRIC_PREFIX.fullmatch(raw):
+        return raw
+    sanitized = _NOT_IN_PREFIX.sub("_", raw)
+    if sanitized and not re.match(r"[a-zA-Z_:]", sanitized):
+        sanitized = "_" + sanitized
+    if not sanitized.strip("_"):
+        sanitized = "dynamo_frontend"  # Dynamo falls back to its own prefix
+    raise InvalidTrigger(
+        key,
+        raw,
+        f"must be a Prometheus metric name prefix ([a-zA-Z_:][a-zA-Z0-9_:]*); for this value "
+        f'Dynamo exports "{sanitized}_queued_requests": give "{sanitized}"',
     )

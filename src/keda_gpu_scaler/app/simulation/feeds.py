@@ -18,17 +18,7 @@ from typing import Any, Protocol
 from keda_gpu_scaler.app.simulation.inputs import BadInput
 from keda_gpu_scaler.app.simulation.load import TOTAL_MIB, Load, MetricLoad, ceiling
 from keda_gpu_scaler.domain.catalog import CATALOG, MetricType
-from keda_gpu_scaler.domain.engines import (
-    Discovery,
-    EngineKind,
-    EngineReading,
-    EngineSample,
-    EngineTarget,
-    SglangReading,
-    TgiReading,
-    TritonReading,
-    VllmReading,
-)
+from keda_gpu_scaler.domain.engines import READING_TYPES, Discovery, EngineSample, EngineTarget
 from keda_gpu_scaler.domain.errors import SourceUnavailable
 from keda_gpu_scaler.domain.history import NO_HISTORY, HistoryPlan
 from keda_gpu_scaler.domain.samples import Batch, DeviceKey, GpuReading, Sample
@@ -52,12 +42,6 @@ _MIB = 1 << 20
 _SOURCE = "simulated"
 _SUMMED_UNITS = frozenset({"requests", "requests/s", "preemptions/s"})
 """Engine metrics that ``endpointDiscovery: dns`` sums over pods (the others: the highest)."""
-_READINGS: dict[EngineKind, type[EngineReading]] = {
-    EngineKind.VLLM: VllmReading,
-    EngineKind.TRITON: TritonReading,
-    EngineKind.TGI: TgiReading,
-    EngineKind.SGLANG: SglangReading,
-}
 _GPU_FIELDS: dict[MetricType, Callable[[float], dict[str, Any]]] = {
     MetricType.GPU_UTILIZATION: lambda v: {"gpu_utilization": v},
     MetricType.MEMORY_UTILIZATION: lambda v: {"memory_utilization": v},
@@ -186,7 +170,7 @@ class LoadFeed:
             fields[info.engine_field] = None if value is None else value / info.scale
             if value is None:
                 reasons[info.engine_field] = "no reading at this time in the load"
-        reading = _READINGS[target.kind](taken_at=at, reasons=reasons, **fields)
+        reading = READING_TYPES[target.kind](taken_at=at, reasons=reasons, **fields)
         return EngineSample(
             source=target.source,
             kind=target.kind,

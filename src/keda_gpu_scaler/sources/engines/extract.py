@@ -1,13 +1,15 @@
 """Sans-I/O: per engine, parsed samples (+ the previous scrape's baseline) -> a typed reading.
 
-Each extractor is ``(exposition, *, taken_at, previous) -> (reading, baseline)``: pure, so
-the caller (one :class:`EngineSampler` per endpoint) owns the only baseline and callers
-never disturb each other's rates. Aggregation follows the engines' own process model:
+Each extractor is ``(exposition, *, taken_at, previous, options) -> (reading, baseline)``:
+pure, so the caller (one :class:`EngineSampler` per endpoint) owns the only baseline and
+callers never disturb each other's rates; ``options`` are the target's (which series it
+reads). Aggregation follows the engines' own process model:
 
 - vLLM: one queue per engine (``engine`` label, data parallel) and per model, so queues
   and running batches are **summed**; the hottest engine saturates first, so KV cache usage
   is the **max**. ``vllm:kv_cache_usage_perc`` is read, the old ``gpu_cache_usage_perc``
-  only when the new name has no samples (0.9-0.10 expose both: never add them).
+  only when the new name has no samples (0.9-0.10 expose both: never add them). While an
+  engine sleeps (``vllm:engine_sleep_state``) its levels say nothing of demand: no value.
 - Triton: Σ pending requests; queue wait per **request** (Δqueue_us / Δrequest_success,
   not / Δinference_count, which counts batch items); request rate = Δ(success + failure)/Δt.
 - TGI: the router's queue and running batch (one process, no labels).
@@ -15,6 +17,9 @@ never disturb each other's rates. Aggregation follows the engines' own process m
   queue, so **max** over them; with priority scheduling the total (``priority=""``) counts,
   never its per-priority split beside it; then **Σ** over data-parallel schedulers
   (``dp_rank``); token usage the highest rank (rounded to 0.01 by SGLang itself).
+
+- TensorRT-LLM, the Dynamo frontend and the llm-d router: their own modules
+  (``trtllm``, ``dynamo``, ``llmd``).
 
 Fractions (vLLM ``*_perc``, SGLang ``token_usage``) are 0..1 and become percent; a value
 above 1 is refused rather than guessed at.
@@ -33,6 +38,7 @@ from keda_gpu_scaler.domain.engines import (
     TritonReading,
     VllmReading,
 )
+from keda_gpu_scaler.sources.engines import dynamo, llmd, trtllm
 from keda_gpu_scaler.sources.engines import fields as f
 from keda_gpu_scaler.sources.engines import window as w
 from keda_gpu_scaler.sources.engines.fields import FIRST_SCRAPE, NO_OPTIONS, Options
@@ -106,8 +112,12 @@ SELECTIONS: dict[EngineKind, Selection] = {
     EngineKind.TRITON: Selection((TRITON_PENDING, *_TRITON_FAMILIES)),
     EngineKind.TGI: Selection((TGI_QUEUE, TGI_BATCH)),
     EngineKind.SGLANG: Selection((SGLANG_QUEUE, SGLANG_RUNNING, SGLANG_TOKEN_USAGE)),
+    EngineKind.TRTLLM: trtllm.SELECTION,
+    EngineKind.DYNAMO: dynamo.selection(),
+    EngineKind.LLMD: llmd.SELECTION,
 }
-"""The families each engine's extractor reads: pass to ``parse_exposition``."""
+"""The families each engine's extractor reads: pass to ``parse_exposition`` (a Dynamo
+frontend with another prefix: :func:`selection_for`)."""
 
 
 # --- vLLM ---------------------------------------------------------------------------------
@@ -195,7 +205,7 @@ def _vllm_asleep(exposition: Exposition) -> list[str]:
 def _asleep_reason(asleep: list[str]) -> str:
     return (
         f"vLLM is asleep: {', '.join(asleep)}; a sleeping engine's queue and cache say nothing "
-        "of demand (no value, not 0): wake it (POST /wake_up) or scale on another trigger"
+        "of demand: wake it (POST /wake_up) or scale on another trigger"
     )
 
 
@@ -297,11 +307,16 @@ EXTRACTORS: dict[EngineKind, Extractor] = {
     EngineKind.TRITON: extract_triton,
     EngineKind.TGI: extract_tgi,
     EngineKind.SGLANG: extract_sglang,
+    EngineKind.TRTLLM: trtllm.extract_trtllm,
+    EngineKind.DYNAMO: dynamo.extract_dynamo,
+    EngineKind.LLMD: llmd.extract_llmd,
 }
 
 
 def selection_for(kind: EngineKind, options: Options = NO_OPTIONS) -> Selection:
     """The families ``kind``'s extractor reads from a target with ``options``."""
+    if kind is EngineKind.DYNAMO:
+        return dynamo.selection(options.get("prefix", dynamo.DEFAULT_PREFIX))
     return SELECTIONS[kind]
 
 

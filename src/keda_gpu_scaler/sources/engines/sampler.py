@@ -32,7 +32,7 @@ from keda_gpu_scaler.domain.engines import (
 )
 from keda_gpu_scaler.domain.errors import EndpointRefused, ScrapeFailed
 from keda_gpu_scaler.sources.cadence import every
-from keda_gpu_scaler.sources.engines.extract import SELECTIONS, extract
+from keda_gpu_scaler.sources.engines.extract import extract, selection_for
 from keda_gpu_scaler.sources.engines.http import EngineScraper, PodScrape, Scrape
 from keda_gpu_scaler.sources.engines.promtext import Exposition, merge_expositions
 from keda_gpu_scaler.sources.engines.window import Baseline
@@ -51,15 +51,31 @@ class EngineSampler:
         discovery: Discovery = Discovery.STATIC,
         interval_s: float = DEFAULT_INTERVAL_S,
         name: str | None = None,
+        options: tuple[tuple[str, str], ...] = (),
     ) -> None:
         self.kind = kind
         self.url = url
         self.discovery = discovery
         self.interval_s = interval_s
-        self.name = name or EngineTarget(kind, url, discovery).source
+        self.name = name or EngineTarget(kind, url, discovery, options).source
         self._scraper = scraper
-        self._selection = SELECTIONS[kind]
+        self._options = dict(options)
+        self._selection = selection_for(kind, self._options)
         self._baseline: Baseline | None = None
+
+    @classmethod
+    def for_target(
+        cls, target: EngineTarget, scraper: EngineScraper, *, interval_s: float
+    ) -> EngineSampler:
+        """The sampler of ``target``, named by its source."""
+        return cls(
+            target.kind,
+            target.url,
+            scraper,
+            discovery=target.discovery,
+            interval_s=interval_s,
+            options=target.options,
+        )
 
     async def run(
         self,
@@ -88,9 +104,7 @@ class EngineSampler:
             pods = await self._scraper.fetch_pods(self.url, self._selection)
             return self._from_pods(started, pods)
         scrape = await self._scraper.fetch(self.url, self._selection)
-        reading, self._baseline = extract(
-            self.kind, _tagged(scrape), taken_at=started, previous=self._baseline
-        )
+        reading, self._baseline = self._extract(_tagged(scrape), started, self._baseline)
         return self._sample(started, reading=reading)
 
     def _from_pods(self, started: float, pods: list[PodScrape]) -> EngineSample:
@@ -101,13 +115,20 @@ class EngineSampler:
             return self._failure(started, f"no pod answered ({reasons})", pods=_results(pods))
         previous = self._baseline
         merged = merge_expositions(e for _, e in answered)
-        reading, self._baseline = extract(self.kind, merged, taken_at=started, previous=previous)
+        reading, self._baseline = self._extract(merged, started, previous)
         per_pod = {
-            address: extract(self.kind, exposition, taken_at=started, previous=previous)[0]
+            address: self._extract(exposition, started, previous)[0]
             for address, exposition in answered
         }
         note = f"{len(failed)} of {len(pods)} pods failed" if failed else None
         return self._sample(started, reading=reading, error=note, pods=_results(pods, per_pod))
+
+    def _extract(
+        self, exposition: Exposition, started: float, previous: Baseline | None
+    ) -> tuple[EngineReading, Baseline]:
+        return extract(
+            self.kind, exposition, taken_at=started, previous=previous, options=self._options
+        )
 
     def _failure(
         self,
