@@ -381,7 +381,7 @@ def test_demand_is_shared_by_the_replicas_and_a_percentage_tops_at_100(tmp_path:
     assert [gpu_share(metric, 0, 0, n) for n in (0, 1, 2, 4)] == [0.0, 100.0, 100.0, 77.5]
 
 
-def test_a_queue_reads_the_whole_demand_at_zero_replicas_and_dns_sums_counts(
+def test_an_engine_has_nothing_to_read_at_zero_replicas_and_dns_sums_counts(
     tmp_path: Path,
 ) -> None:
     metrics = read_load(
@@ -391,16 +391,61 @@ def test_a_queue_reads_the_whole_demand_at_zero_replicas_and_dns_sums_counts(
             load(
                 vllm_queue_depth=steady(40, demand=True),
                 vllm_kv_cache_usage=steady(80, demand=True),
+                llmd_queue_size=steady(40, demand=True),
             ),
         )
     ).metrics
     queue, cache = metrics[MetricType.VLLM_QUEUE_DEPTH], metrics[MetricType.VLLM_KV_CACHE_USAGE]
     static, dns = Discovery.STATIC, Discovery.DNS
-    assert [engine_share(queue, 0, n, static) for n in (0, 1, 4)] == [40, 40, 10]
+    # No replica, no engine to scrape: no reading, as the server answers it (UNAVAILABLE).
+    assert [engine_share(queue, 0, n, static) for n in (0, 1, 4)] == [None, 40, 10]
     # Behind a headless Service the scaler sums the pods' queues: the whole demand.
-    assert [engine_share(queue, 0, n, dns) for n in (0, 1, 4)] == [40, 40, 40]
+    assert [engine_share(queue, 0, n, dns) for n in (0, 1, 4)] == [None, 40, 40]
     # A level is the highest pod's: one share.
     assert engine_share(cache, 0, 4, dns) == 20
+    # The router holds the demand while no replica runs; the pool takes it from one on.
+    router = metrics[MetricType.LLMD_QUEUE_SIZE]
+    assert [engine_share(router, 0, n, static) for n in (0, 1, 4)] == [40, 0, 0]
+
+
+def test_the_routers_queue_activates_a_workload_at_zero_replicas(tmp_path: Path) -> None:
+    router = {
+        "type": "external",
+        "metadata": {
+            "scalerAddress": "scaler:6000",
+            "profile": "llmd-queue",
+            "llmdEndpoint": "http://epp.llm.svc:9090/metrics",
+            "inferencePool": "app",
+            "cooldownSeconds": "0",
+        },
+    }
+    engine = {
+        "type": "external",
+        "metadata": {
+            "scalerAddress": "scaler:6000",
+            "profile": "vllm-queue-depth",
+            "vllmEndpoint": "http://vllm-headless.llm.svc:8000/metrics",
+            "endpointDiscovery": "dns",
+            "cooldownSeconds": "0",
+        },
+    }
+    so = scaled_object(minReplicaCount=0, pollingInterval=15, triggers=[router, engine])
+    burst = {"demand": True, "steps": [{"at": 0, "value": 0}, {"at": 40, "value": 12}]}
+    ld = load(120, llmd_queue_size=burst, vllm_queue_depth=burst) | {"initialReplicas": 0}
+    result = simulate(tmp_path, so, ld)
+    keda = [s for s in result.steps if s.by == KEDA]
+    # Before the burst: the router holds nothing and the engines have no pod to read.
+    assert [(s.t, s.replicas, s.triggers[0].value, s.triggers[1].value) for s in keda[:3]] == [
+        (0, 0, 0.0, None),
+        (15, 0, 0.0, None),
+        (30, 0, 0.0, None),
+    ]
+    # The first poll after the router holds requests activates the workload from zero ...
+    assert (keda[3].t, keda[3].replicas, keda[3].triggers[0].value) == (45, 1, 12.0)
+    assert keda[3].why.endswith("activation 0 -> 1")
+    # ... and once replicas run, the engines' queue sizes it and the router's reads 0.
+    later = next(s for s in result.steps if s.t == 60 and s.by == HPA)
+    assert (later.triggers[0].value, later.triggers[1].value) == (0.0, 12.0)
 
 
 @pytest.mark.parametrize(

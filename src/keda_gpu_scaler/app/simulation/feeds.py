@@ -42,6 +42,9 @@ _MIB = 1 << 20
 _SOURCE = "simulated"
 _SUMMED_UNITS = frozenset({"requests", "requests/s", "preemptions/s"})
 """Engine metrics that ``endpointDiscovery: dns`` sums over pods (the others: the highest)."""
+HELD_WITHOUT_REPLICAS = frozenset({MetricType.LLMD_QUEUE_SIZE})
+"""Queues in front of the workload that exist at 0 replicas: a router's."""
+NO_REPLICA = "no replica runs: no engine to scrape"
 _GPU_FIELDS: dict[MetricType, Callable[[float], dict[str, Any]]] = {
     MetricType.GPU_UTILIZATION: lambda v: {"gpu_utilization": v},
     MetricType.MEMORY_UTILIZATION: lambda v: {"memory_utilization": v},
@@ -92,13 +95,19 @@ def gpu_share(metric: MetricLoad, t: float, gpu: int, replicas: int) -> float | 
 
 
 def engine_share(metric: MetricLoad, t: float, replicas: int, discovery: Discovery) -> float | None:
-    """What an engine trigger reads: with ``demand`` one replica's share (the whole demand
-    waits at 0 replicas); ``dns`` discovery sums counts over the replicas' pods."""
+    """What an engine trigger reads: with ``demand`` one replica's share, and nothing at 0
+    replicas (no engine runs to be scraped); ``dns`` discovery sums counts over the replicas'
+    pods. A router's queue (``llmd_queue_size``) holds the whole demand while no replica runs
+    and nothing once one does: the pool takes the requests."""
     value = metric.raw(t)
     if value is None or not metric.demand:
         return value
+    if metric.metric_type in HELD_WITHOUT_REPLICAS:
+        return value if replicas == 0 else 0.0
+    if replicas == 0:
+        return None
     summed = discovery is Discovery.DNS and CATALOG[metric.metric_type].unit in _SUMMED_UNITS
-    share = value if replicas == 0 or summed else value / replicas
+    share = value if summed else value / replicas
     return _clip(metric.metric_type, share)
 
 
@@ -169,7 +178,10 @@ class LoadFeed:
             value = engine_share(metric, at, replicas, target.discovery)
             fields[info.engine_field] = None if value is None else value / info.scale
             if value is None:
-                reasons[info.engine_field] = "no reading at this time in the load"
+                no_replica = replicas == 0 and metric.raw(at) is not None
+                reasons[info.engine_field] = (
+                    NO_REPLICA if no_replica else "no reading at this time in the load"
+                )
         reading = READING_TYPES[target.kind](taken_at=at, reasons=reasons, **fields)
         return EngineSample(
             source=target.source,
