@@ -203,8 +203,7 @@ def _measure_engine(
     if sample is None:
         raise NoData(f"no scrape of {target.url} yet")
     if sample.refused:
-        key = f"{target.kind.value}Endpoint"
-        raise InvalidTrigger(key, target.url, sample.error or "refused")
+        raise InvalidTrigger(target.kind.endpoint_key, target.url, sample.error or "refused")
     age = now - sample.taken_at
     if age > stale_limit_s(sample.period_s):
         raise NoData(f"{target.url}: the newest scrape is stale ({age:.1f} s old)")
