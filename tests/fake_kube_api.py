@@ -38,7 +38,8 @@ What it models:
   must be sent, :meth:`~FakeKubeApi.take_down` / :meth:`~FakeKubeApi.bring_up` (nothing
   listens on the port meanwhile) and :meth:`~FakeKubeApi.hang` (connections accepted,
   never answered).
-- What kr8s asks when it starts: ``/version`` (a supported version, or kr8s warns), and
+- What kr8s asks when it starts: ``/version`` (by default the release the end-to-end suite
+  runs, newer than kr8s's own tested range, as real clusters soon are), and
   minimal discovery (``/api``, ``/api/v1``, ``/apis``, ``/apis/discovery.k8s.io`` and its
   ``v1``).
 
@@ -188,7 +189,7 @@ class FakeKubeApi:
         self,
         *,
         token: str | None = None,
-        git_version: str = "v1.34.2",
+        git_version: str = "v1.37.2",
         too_old: Literal["status", "event"] = "status",
         first_resource_version: int = 100,
     ) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import warnings
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -67,6 +68,23 @@ async def test_debug_shows_a_scrape_in_one_line_and_no_http2_frames(
     loggers = [entry["logger"] for entry in _logged(capsys)]
     assert loggers.count("httpx") == 1
     assert not {"hpack", "h2", "httpcore"} & {name.split(".")[0] for name in loggers}
+
+
+@pytest.mark.usefixtures("restored_logging")
+def test_a_librarys_warning_is_a_json_line_like_every_log(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    configure_logging("info")
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("always")
+            warnings.warn("a library's deprecation", DeprecationWarning, stacklevel=1)
+    finally:
+        logging.captureWarnings(False)
+    (entry,) = _logged(capsys)
+    assert entry["logger"] == "py.warnings"
+    assert entry["level"] == "warning"
+    assert "a library's deprecation" in entry["event"]
 
 
 def _row(**values: Any) -> dict[str, Any]:

@@ -36,6 +36,9 @@ def configure_logging(level: str) -> None:
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level.upper())
+    # A library's warnings.warn() becomes a log record ("py.warnings"), so standard error
+    # stays one JSON object per line.
+    logging.captureWarnings(True)
     for name, floor in QUIETER.items():
         logging.getLogger(name).setLevel(max(root.level, floor))
     # One line per engine scrape ("HTTP Request: GET ..."), logged at INFO: not a state

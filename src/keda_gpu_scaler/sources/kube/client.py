@@ -23,6 +23,7 @@ from __future__ import annotations
 import importlib
 import json
 import os
+import warnings
 from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
 from http import HTTPStatus
@@ -52,6 +53,13 @@ _TRANSPORT: tuple[tuple[type[httpx.HTTPError], str], ...] = (
     (httpx.HTTPError, "the request failed"),
 )
 """httpx exception -> what an operator reads; first match wins, so subclasses come first."""
+
+
+_NEWER_THAN_KR8S = r"Kubernetes version .* is not supported"
+"""kr8s warns on every connect when the API server is newer than the releases kr8s was
+tested with. The requests made here (list and watch of core collections) are stable across
+releases, so the warning says nothing an operator can act on, and it would reach standard
+error as a raw line among the JSON logs."""
 
 
 class KubeFailure(SourceFailure):
@@ -101,7 +109,8 @@ class KubeClient:
         api = self._api or self._new_api()
         self._api = api
         try:
-            with anyio.fail_after(self._timeout_s):
+            with warnings.catch_warnings(), anyio.fail_after(self._timeout_s):
+                warnings.filterwarnings("ignore", _NEWER_THAN_KR8S, UserWarning)
                 await api
         except TimeoutError as exc:
             raise KubeFailure(
