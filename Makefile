@@ -5,7 +5,7 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 
-.PHONY: demo test lint types layers unit proto bench docs manifests clean
+.PHONY: demo test e2e e2e-build lint types layers unit proto bench docs manifests clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -41,6 +41,14 @@ layers: $(VENV)/.installed-test
 
 unit: $(VENV)/.installed-test $(BIN)/helm
 	$(BIN)/pytest
+
+# The end-to-end suite (docs/e2e.md): builds the pinned upstream components from their Go
+# modules into build/e2e (once per pin), then runs tests/e2e in a network namespace of its own.
+e2e: e2e-build
+	$(BIN)/python e2e/run.py
+
+e2e-build: $(VENV)/.installed-test $(BIN)/helm
+	$(BIN)/python e2e/build.py
 
 proto: $(VENV)/.installed-test
 	PYTHON=$(BIN)/python scripts/generate_proto.sh

@@ -1,0 +1,1 @@
+"""The harness of the end-to-end suite: components, PKI, API client, kubelet, workloads."""
