@@ -30,7 +30,9 @@ def restored_logging() -> Iterator[None]:
     saved = (root.handlers[:], root.level)
     names = ("httpx", "httpcore", "hpack", "h2", "grpclib", "asyncio")
     levels = {name: logging.getLogger(name).level for name in names}
+    logging.captureWarnings(False)  # configure_logging in an earlier test may have left it on
     yield
+    logging.captureWarnings(False)
     root.handlers[:], root.level = saved
     for name, level in levels.items():
         logging.getLogger(name).setLevel(level)
@@ -75,12 +77,9 @@ def test_a_librarys_warning_is_a_json_line_like_every_log(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     configure_logging("info")
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("always")
-            warnings.warn("a library's deprecation", DeprecationWarning, stacklevel=1)
-    finally:
-        logging.captureWarnings(False)
+    with warnings.catch_warnings():
+        warnings.simplefilter("always")
+        warnings.warn("a library's deprecation", DeprecationWarning, stacklevel=1)
     (entry,) = _logged(capsys)
     assert entry["logger"] == "py.warnings"
     assert entry["level"] == "warning"

@@ -23,7 +23,6 @@ from __future__ import annotations
 import importlib
 import json
 import os
-import warnings
 from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
 from http import HTTPStatus
@@ -53,13 +52,6 @@ _TRANSPORT: tuple[tuple[type[httpx.HTTPError], str], ...] = (
     (httpx.HTTPError, "the request failed"),
 )
 """httpx exception -> what an operator reads; first match wins, so subclasses come first."""
-
-
-_NEWER_THAN_KR8S = r"Kubernetes version .* is not supported"
-"""kr8s warns on every connect when the API server is newer than the releases kr8s was
-tested with. The requests made here (list and watch of core collections) are stable across
-releases, so the warning says nothing an operator can act on, and it would reach standard
-error as a raw line among the JSON logs."""
 
 
 class KubeFailure(SourceFailure):
@@ -109,9 +101,14 @@ class KubeClient:
         api = self._api or self._new_api()
         self._api = api
         try:
-            with warnings.catch_warnings(), anyio.fail_after(self._timeout_s):
-                warnings.filterwarnings("ignore", _NEWER_THAN_KR8S, UserWarning)
-                await api
+            with anyio.fail_after(self._timeout_s):
+                # What awaiting kr8s's Api does, less its version check: that warns on every
+                # connect when the server is newer than the releases kr8s was tested with,
+                # which says nothing an operator can act on (the requests made here, list
+                # and watch of stable collections, do not change between releases) and
+                # reached standard error as a raw line among the JSON logs.
+                await api.auth
+                await api.version()
         except TimeoutError as exc:
             raise KubeFailure(
                 f"{_PREFIX}: GET /version: no answer within {self._timeout_s:g} s"
