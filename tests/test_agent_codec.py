@@ -157,6 +157,9 @@ def real_update(*, gpus: int = 8, mig: bool = False, with_holders: bool = True) 
             parent_uuid=f"GPU-{g // 7:04d}" if mig else None,
             gpu_instance_id=g % 7 if mig else None,
             compute_instance_id=0 if mig else None,
+            gpu_instance_profile_id=19 if mig else None,
+            placement_start=g % 7 if mig else None,
+            placement_size=1 if mig else None,
         )
         for g in range(gpus)
     ]

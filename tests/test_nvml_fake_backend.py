@@ -16,6 +16,7 @@ from keda_gpu_scaler.sources.nvml.backend import (
     SCOPE_ALL_LINKS,
     FieldRequest,
     GpmMetric,
+    GpuInstanceInfo,
     PcieDirection,
 )
 from keda_gpu_scaler.sources.nvml.errors import (
@@ -143,6 +144,12 @@ def test_mig_layout_handles_and_ids() -> None:
     mig = nvml.mig_device_handle(parent, 1)
     assert (nvml.gpu_instance_id(mig), nvml.compute_instance_id(mig)) == (10, 0)
     assert nvml.uuid(mig) == "MIG-fake-0-10"
+    # The GPU instance by its id, on the parent: its profile and placement.
+    assert nvml.gpu_instance_info(parent, 10) == GpuInstanceInfo(19, 1, 1)
+    with pytest.raises(NvmlAbsent):
+        nvml.gpu_instance_info(parent, 3)  # no such GPU instance
+    with pytest.raises(NvmlAbsent):
+        nvml.gpu_instance_info(mig, 10)  # a GPU instance is looked up on its GPU
     assert nvml.memory_v2(mig).total == 16384 << 20
     with pytest.raises(NvmlAbsent):
         nvml.mig_device_handle(parent, 2)  # an empty slot

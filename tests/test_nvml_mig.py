@@ -12,6 +12,7 @@ from keda_gpu_scaler.domain.samples import GpuReading
 from keda_gpu_scaler.domain.snapshot import Snapshot
 from keda_gpu_scaler.domain.trigger import parse_trigger
 from keda_gpu_scaler.sources.nvml.backend import GpmMetric
+from keda_gpu_scaler.sources.nvml.errors import NvmlCode
 from keda_gpu_scaler.sources.nvml.fake_backend import (
     FakeGpu,
     FakeNvml,
@@ -62,6 +63,10 @@ async def test_instances_have_their_own_identity_memory_and_gpm(
     assert (i7.index, i7.parent_index, i7.parent_uuid) == (0, 0, nvml.gpus[0].uuid)
     assert (i7.gpu_instance_id, i7.compute_instance_id, i8.gpu_instance_id) == (7, 0, 8)
     assert not i7.mig_enabled
+    # Each GPU instance's profile and placement (memory slices 0 and 1), and none on a GPU.
+    assert (i7.gpu_instance_profile_id, i7.placement_start, i7.placement_size) == (19, 0, 1)
+    assert (i8.placement_start, i8.placement_size) == (1, 1)
+    assert (parent.placement_start, parent.gpu_instance_profile_id) == (None, None)
     assert (i7.memory_used_bytes, i8.memory_used_bytes) == (3 * GIB, 5 * GIB)
     assert i7.memory_total_bytes == 16 * GIB
     assert (i7.sm_active, i7.dram_bw_util, i8.sm_active, i8.tensor_active) == (
@@ -74,6 +79,18 @@ async def test_instances_have_their_own_identity_memory_and_gpm(
     # Whole-GPU readings are copied from the parent.
     assert (i7.temperature_c, i7.power_mw) == (parent.temperature_c, parent.power_mw)
     assert nvml.calls["gpm_mig_sample_get"] == 4  # two GIs, two cycles
+
+
+@pytest.mark.trio
+async def test_a_placement_nvml_refuses_is_absent_and_the_instance_still_read(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    nvml = _mig_node()
+    nvml.fail("gpu_instance_info", NvmlCode.NO_PERMISSION)
+    got, _, _ = await _two_cycles(nvml)
+    i7 = next(r for r in got if r.key == "MIG-fake-0-7")
+    assert (i7.gpu_instance_profile_id, i7.placement_start, i7.placement_size) == (None,) * 3
+    assert (i7.gpu_instance_id, i7.memory_used_bytes) == (7, 3 * GIB)
 
 
 @pytest.mark.trio

@@ -54,6 +54,12 @@ async def test_recording_writes_one_frame_per_device_and_cycle(
     instance = [f for f in frames if f.uuid == "MIG-fake-0-8"]
     assert [f.gpm.sm_active if f.gpm else None for f in instance] == [None, 42.0, 42.0]
     assert (instance[0].parent_index, instance[0].gpu_instance_id) == (0, 8)
+    # The GPU instance's profile and placement, which the DRA join matches MIG devices by.
+    assert (
+        instance[0].gpu_instance_profile_id,
+        instance[0].placement_start,
+        instance[0].placement_size,
+    ) == (19, 1, 1)
     # v2 memory is written as captured: used without the reserved part.
     plain = next(f for f in frames if f.index == 1)
     assert (plain.memory_used_bytes, plain.memory_reserved_bytes) == (0, 644_939_776)
@@ -101,6 +107,9 @@ def test_reading_to_frame_round_trips_every_field() -> None:
         parent_uuid="GPU-p",
         gpu_instance_id=7,
         compute_instance_id=1,
+        gpu_instance_profile_id=9,
+        placement_start=4,
+        placement_size=4,
     )
     frame = reading_to_frame(reading, 1.23456)
     assert frame.t == 1.235

@@ -57,6 +57,13 @@ class GpuReading(msgspec.Struct, frozen=True, tag="gpu", omit_defaults=True):
     parent_uuid: str | None = None
     gpu_instance_id: int | None = None
     compute_instance_id: int | None = None
+    gpu_instance_profile_id: int | None = None
+    """On a MIG instance: its GPU instance's profile (``nvmlGpuInstanceInfo_t.profileId``)."""
+    placement_start: int | None = None
+    """On a MIG instance: the first memory slice of its GPU instance, which with its GPU
+    identifies it (a DRA driver names a MIG device by it); None where NVML does not say."""
+    placement_size: int | None = None
+    """On a MIG instance: how many memory slices its GPU instance takes."""
     node: str = ""
     """The node it was read on, on a cluster scaler (its ``key`` is then ``<node>/<uuid>``);
     empty on a node agent, which reads its own node."""

@@ -14,8 +14,9 @@ A frame is a :class:`GpuReading`'s wire form: the same fields, renamed by one ta
 
 MIG (written by :mod:`keda_gpu_scaler.sources.recorder`, optional): ``mig_enabled`` true on
 a GPU that its instances stand for; on an instance, ``uuid`` is its ``MIG-...`` UUID,
-``index`` and ``parent_index`` its GPU's index, plus ``parent_uuid``, ``gpu_instance_id``
-and ``compute_instance_id``.
+``index`` and ``parent_index`` its GPU's index, plus ``parent_uuid``, ``gpu_instance_id``,
+``compute_instance_id``, and its GPU instance's ``gpu_instance_profile_id``,
+``placement_start`` and ``placement_size`` where NVML gave them.
 """
 
 from __future__ import annotations
@@ -90,6 +91,9 @@ class TraceFrame(msgspec.Struct, frozen=True, omit_defaults=True, rename=_TRACE_
     parent_uuid: str | None = None
     gpu_instance_id: int | None = None
     compute_instance_id: int | None = None
+    gpu_instance_profile_id: int | None = None
+    placement_start: int | None = None
+    placement_size: int | None = None
 
 
 _SHARED = tuple(

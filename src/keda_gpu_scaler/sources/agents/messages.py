@@ -75,6 +75,9 @@ class DeviceReading(msgspec.Struct, frozen=True, gc=False):
     parent_uuid: str | None = None
     gpu_instance_id: int | None = None
     compute_instance_id: int | None = None
+    gpu_instance_profile_id: int | None = None
+    placement_start: int | None = None
+    placement_size: int | None = None
 
 
 class LostDevice(msgspec.Struct, frozen=True, gc=False):
@@ -209,6 +212,9 @@ SCHEMA: Final[dict[type[msgspec.Struct], tuple[Field, ...]]] = {
         _reading(26, "parent_uuid", "string"),
         _reading(27, "gpu_instance_id", "int32"),
         _reading(28, "compute_instance_id", "int32"),
+        _reading(29, "gpu_instance_profile_id", "int32"),
+        _reading(30, "placement_start", "int32"),
+        _reading(31, "placement_size", "int32"),
     ),
     LostDevice: (
         Field(1, "key", "string"),

@@ -89,6 +89,18 @@ class FieldValue:
 
 
 @dataclass(frozen=True, slots=True)
+class GpuInstanceInfo:
+    """``nvmlGpuInstanceInfo_t``: a GPU instance's profile and where it sits on its GPU.
+
+    The placement (first memory slice and slice count) identifies the instance on its GPU:
+    instances never overlap, and a DRA driver names a MIG device by it."""
+
+    profile_id: int
+    placement_start: int
+    placement_size: int
+
+
+@dataclass(frozen=True, slots=True)
 class GpmMetricValue:
     """One metric of ``nvmlGpmMetricsGet``: its own return code, and maybe NaN."""
 
@@ -128,6 +140,11 @@ class NvmlBackend(Protocol):
 
     def gpu_instance_id(self, mig_handle: Handle) -> int: ...
     def compute_instance_id(self, mig_handle: Handle) -> int: ...
+    def gpu_instance_info(self, handle: Handle, gpu_instance_id: int) -> GpuInstanceInfo:
+        """GPU instance ``gpu_instance_id`` of the MIG-enabled GPU ``handle``
+        (``nvmlDeviceGetGpuInstanceById``, then ``nvmlGpuInstanceGetInfo``)."""
+        ...
+
     def gpm_supported(self, handle: Handle) -> bool: ...
     def gpm_sample_alloc(self) -> GpmSample: ...
     def gpm_sample_free(self, sample: GpmSample) -> None: ...

@@ -12,7 +12,13 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import ParamSpec, TypeVar
 
-from keda_gpu_scaler.sources.nvml.backend import GpmSample, Handle, NvmlBackend, PcieDirection
+from keda_gpu_scaler.sources.nvml.backend import (
+    GpmSample,
+    GpuInstanceInfo,
+    Handle,
+    NvmlBackend,
+    PcieDirection,
+)
 from keda_gpu_scaler.sources.nvml.convert import (
     GPM_METRICS,
     NVLINK_ALL_LINKS,
@@ -82,6 +88,8 @@ class MigDevice:
     handle: Handle
     gpu_instance_id: int
     compute_instance_id: int
+    gpu_instance: GpuInstanceInfo | None = None
+    """Its GPU instance's profile and placement; None where NVML does not say."""
     gpm: GpmPair | None = None
     memory_v2: bool | None = None
 
@@ -141,6 +149,8 @@ def _discover_instances(backend: NvmlBackend, parent: Handle, *, gpm_ok: bool) -
             handle=mig,
             gpu_instance_id=gi,
             compute_instance_id=backend.compute_instance_id(mig),
+            # A DRA driver names a MIG device by its placement: the join needs it.
+            gpu_instance=maybe(backend.gpu_instance_info, parent, gi),
         )
         if gpm_ok:
             instance.gpm = maybe(_mig_gpm, backend, parent, gi)

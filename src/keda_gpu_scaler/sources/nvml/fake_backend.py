@@ -30,6 +30,7 @@ from keda_gpu_scaler.sources.nvml.backend import (
     GpmMetric,
     GpmMetricValue,
     GpmSample,
+    GpuInstanceInfo,
     Handle,
     MemoryV1,
     MemoryV2,
@@ -58,6 +59,10 @@ class FakeMigInstance:
     gpu_instance_id: int
     compute_instance_id: int = 0
     name: str = "NVIDIA H200 MIG 1g.18gb"
+    profile_id: int = 19
+    """The GPU instance profile (19: 1g on Hopper, one memory slice)."""
+    placement_start: int = 0
+    placement_size: int = 1
     memory_total: int = 16384 * MIB
     memory_used: int = 0
     memory_reserved: int = 0
@@ -109,9 +114,14 @@ def h200_gpu(index: int = 0) -> FakeGpu:
 
 
 def mig_instances(parent: int, count: int, *, first_gi: int = 7) -> list[FakeMigInstance]:
-    """``count`` 1g instances with GPU instance ids from ``first_gi``, as a 7-way split."""
+    """``count`` 1g instances with GPU instance ids from ``first_gi``, as a 7-way split:
+    instance ``i`` on memory slice ``i``."""
     return [
-        FakeMigInstance(uuid=f"MIG-fake-{parent}-{first_gi + i}", gpu_instance_id=first_gi + i)
+        FakeMigInstance(
+            uuid=f"MIG-fake-{parent}-{first_gi + i}",
+            gpu_instance_id=first_gi + i,
+            placement_start=i,
+        )
         for i in range(count)
     ]
 
@@ -338,6 +348,15 @@ class FakeNvml:
 
     def compute_instance_id(self, mig_handle: Handle) -> int:
         return self._instance("compute_instance_id", mig_handle).compute_instance_id
+
+    def gpu_instance_info(self, handle: Handle, gpu_instance_id: int) -> GpuInstanceInfo:
+        gpu = self._gpu("gpu_instance_info", handle)
+        for instance in gpu.instances if gpu.mig_enabled else ():
+            if instance.gpu_instance_id == gpu_instance_id:
+                return GpuInstanceInfo(
+                    instance.profile_id, instance.placement_start, instance.placement_size
+                )
+        raise nvml_error(NvmlCode.NOT_FOUND, "gpu_instance_info")
 
     def _instance(self, call: str, handle: Handle) -> FakeMigInstance:
         h = self._enter(call, handle)

@@ -18,6 +18,7 @@ from keda_gpu_scaler.sources.nvml.backend import (
     FieldValue,
     GpmMetricValue,
     GpmSample,
+    GpuInstanceInfo,
     Handle,
     MemoryV1,
     MemoryV2,
@@ -160,6 +161,16 @@ class PynvmlBackend:
     def compute_instance_id(self, mig_handle: Handle) -> int:
         fn = pynvml.nvmlDeviceGetComputeInstanceId
         return int(_call("nvmlDeviceGetComputeInstanceId", fn, mig_handle))
+
+    def gpu_instance_info(self, handle: Handle, gpu_instance_id: int) -> GpuInstanceInfo:
+        fn = pynvml.nvmlDeviceGetGpuInstanceById
+        instance = _call("nvmlDeviceGetGpuInstanceById", fn, handle, gpu_instance_id)
+        info = _call("nvmlGpuInstanceGetInfo", pynvml.nvmlGpuInstanceGetInfo, instance)
+        return GpuInstanceInfo(
+            profile_id=int(info.profileId),
+            placement_start=int(info.placement.start),
+            placement_size=int(info.placement.size),
+        )
 
     def gpm_supported(self, handle: Handle) -> bool:
         fn = pynvml.nvmlGpmQueryDeviceSupport

@@ -17,7 +17,12 @@ from dataclasses import dataclass
 import msgspec
 
 from keda_gpu_scaler.domain.samples import DeviceKey, GpuReading, SourceFault
-from keda_gpu_scaler.sources.nvml.backend import Handle, NvmlBackend, Utilization
+from keda_gpu_scaler.sources.nvml.backend import (
+    GpuInstanceInfo,
+    Handle,
+    NvmlBackend,
+    Utilization,
+)
 from keda_gpu_scaler.sources.nvml.convert import GpmReadings, Memory
 from keda_gpu_scaler.sources.nvml.devices import (
     GpuDevice,
@@ -183,7 +188,18 @@ def _instance_reading(
         parent_uuid=gpu.uuid,
         gpu_instance_id=instance.gpu_instance_id,
         compute_instance_id=instance.compute_instance_id,
+        **_placement(instance.gpu_instance),
     )
+
+
+def _placement(info: GpuInstanceInfo | None) -> dict[str, int]:
+    if info is None:
+        return {}
+    return {
+        "gpu_instance_profile_id": info.profile_id,
+        "placement_start": info.placement_start,
+        "placement_size": info.placement_size,
+    }
 
 
 def lost_faults(index: int, keys: Iterable[str], cycle: Cycle, reason: str) -> list[SourceFault]:

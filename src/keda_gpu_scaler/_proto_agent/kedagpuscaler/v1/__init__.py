@@ -181,6 +181,18 @@ class DeviceReading(betterproto2.Message):
         28, betterproto2.TYPE_INT32, optional=True
     )
 
+    gpu_instance_profile_id: "int | None" = betterproto2.field(
+        29, betterproto2.TYPE_INT32, optional=True
+    )
+    """
+    On a MIG instance: its GPU instance's profile and placement (first memory slice, slice
+    count), where NVML gave them.
+    """
+
+    placement_start: "int | None" = betterproto2.field(30, betterproto2.TYPE_INT32, optional=True)
+
+    placement_size: "int | None" = betterproto2.field(31, betterproto2.TYPE_INT32, optional=True)
+
 
 default_message_pool.register_message("kedagpuscaler.v1", "DeviceReading", DeviceReading)
 
