@@ -1,5 +1,5 @@
-"""A fake Kubernetes API server for tests: pods and EndpointSlices, list and watch, on
-127.0.0.1.
+"""A fake Kubernetes API server for tests: pods, EndpointSlices and ResourceSlices, list
+and watch, on 127.0.0.1.
 
 It speaks the wire format a real API server does, over real HTTP/1.1 (h11 on anyio), so
 the code under test runs its real client stack (kr8s, httpx) through a kubeconfig that
@@ -24,6 +24,14 @@ What it models:
   ``k==v``, ``k!=v``, ``k``, ``!k``, comma-separated), such as
   ``kubernetes.io/service-name=agents``; :func:`slice_endpoint` and :func:`slice_port`
   build their parts.
+- ResourceSlices (``resource.k8s.io/v1``, cluster-scoped), on the same counter and history:
+  ``GET /apis/resource.k8s.io/v1/resourceslices`` with a ``fieldSelector`` of the fields
+  the API server lets one select ResourceSlices by (``spec.nodeName``, ``spec.driver``,
+  ``metadata.name``; ``=``, ``==`` or ``!=``, comma-separated: all must hold) and a
+  ``labelSelector`` as above; a slice without ``spec.nodeName`` has the empty node name,
+  as the API server indexes it. Objects are given whole (``tests/dra_objects.py`` builds
+  them in the ``resource.k8s.io/v1`` schema) and kept as given, with the metadata the
+  server sets.
 - ``?watch=true`` streams one JSON event per line (chunked): the changes after the
   ``resourceVersion`` asked for are replayed from history, then live ones follow, as an
   API server's watch cache does, so a client that resumes misses nothing. An object that
@@ -40,8 +48,8 @@ What it models:
   never answered).
 - What kr8s asks when it starts: ``/version`` (by default the release the end-to-end suite
   runs, newer than kr8s's own tested range, as real clusters soon are), and
-  minimal discovery (``/api``, ``/api/v1``, ``/apis``, ``/apis/discovery.k8s.io`` and its
-  ``v1``).
+  minimal discovery (``/api``, ``/api/v1``, ``/apis``, ``/apis/discovery.k8s.io``,
+  ``/apis/resource.k8s.io`` and their ``v1``).
 
 Every request is recorded (:attr:`FakeKubeApi.requests`: method, path, query, the
 Authorization header) so tests can tell a resumed watch from a relist.
@@ -71,16 +79,20 @@ from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStre
 from tests.loopback import serve_closing
 
 Json = dict[str, Any]
-Target = Literal["list", "watch", "pods", "slices", "version"]
-"""What a scripted failure applies to: lists, watches (of either kind), every pod request,
-every EndpointSlice request, or ``/version``."""
-Kind = Literal["pods", "endpointslices"]
+Target = Literal["list", "watch", "pods", "slices", "resourceslices", "version"]
+"""What a scripted failure applies to: lists, watches (of any kind), every pod request,
+every EndpointSlice request, every ResourceSlice request, or ``/version``."""
+Kind = Literal["pods", "endpointslices", "resourceslices"]
 
 PODS_PATH = "/api/v1/pods"
 _PODS_PATH = re.compile(r"/api/v1(?:/namespaces/([^/]+))?/pods")
 SLICES_GROUP = "/apis/discovery.k8s.io/v1"
 SERVICE_NAME_LABEL = "kubernetes.io/service-name"
 _SLICES_PATH = re.compile(r"/apis/discovery\.k8s\.io/v1(?:/namespaces/([^/]+))?/endpointslices")
+RESOURCE_GROUP = "/apis/resource.k8s.io/v1"
+RESOURCE_SLICES_PATH = f"{RESOURCE_GROUP}/resourceslices"
+_RESOURCE_SLICE_FIELDS = ("spec.nodeName", "spec.driver", "metadata.name")
+"""The fields the API server selects ResourceSlices by (its resourceslice strategy)."""
 _REASONS = {
     400: "BadRequest",
     401: "Unauthorized",
@@ -114,13 +126,20 @@ class RecordedRequest:
     def is_slices(self) -> bool:
         return _SLICES_PATH.fullmatch(self.path) is not None
 
+    def is_resource_slices(self) -> bool:
+        return self.path == RESOURCE_SLICES_PATH
+
+    def is_collection(self) -> bool:
+        """A request for pods, EndpointSlices or ResourceSlices."""
+        return self.is_pods() or self.is_slices() or self.is_resource_slices()
+
     def is_watch(self) -> bool:
-        """A watch of pods or EndpointSlices."""
-        return (self.is_pods() or self.is_slices()) and self.query.get("watch") == "true"
+        """A watch of pods, EndpointSlices or ResourceSlices."""
+        return self.is_collection() and self.query.get("watch") == "true"
 
     def is_list(self) -> bool:
-        """A list of pods or EndpointSlices."""
-        return (self.is_pods() or self.is_slices()) and not self.is_watch()
+        """A list of pods, EndpointSlices or ResourceSlices."""
+        return self.is_collection() and not self.is_watch()
 
 
 @dataclass(slots=True)
@@ -146,6 +165,8 @@ def _applies(on: Target, request: RecordedRequest) -> bool:
         return request.is_watch()
     if on == "slices":
         return request.is_slices()
+    if on == "resourceslices":
+        return request.is_resource_slices()
     return request.is_pods()
 
 
@@ -202,9 +223,14 @@ class FakeKubeApi:
         """Lines written on watches, every watch together (events, and raw data sent)."""
         self._rv = first_resource_version
         self._oldest = first_resource_version
-        self._objects: dict[Kind, dict[tuple[str, str], Json]] = {"pods": {}, "endpointslices": {}}
+        self._objects: dict[Kind, dict[tuple[str, str], Json]] = {
+            "pods": {},
+            "endpointslices": {},
+            "resourceslices": {},
+        }
         self._pods = self._objects["pods"]
         self._slices = self._objects["endpointslices"]
+        self._resource_slices = self._objects["resourceslices"]
         self._history: list[_Change] = []
         self._list_snapshots: dict[tuple[str, str, str, int], list[Json]] = {}
         self._watches: set[_Watch] = set()
@@ -242,6 +268,9 @@ class FakeKubeApi:
 
     def slice_requests(self) -> list[RecordedRequest]:
         return [r for r in self.requests if r.is_slices()]
+
+    def resource_slice_requests(self) -> list[RecordedRequest]:
+        return [r for r in self.requests if r.is_resource_slices()]
 
     def lists(self) -> list[RecordedRequest]:
         return [r for r in self.requests if r.is_list()]
@@ -392,6 +421,31 @@ class FakeKubeApi:
     def delete_endpoint_slice(self, namespace: str, name: str) -> None:
         self._commit("endpointslices", self._slice(namespace, name), None)
 
+    # -- ResourceSlices -----------------------------------------------------------------
+
+    def add_resource_slice(self, resource_slice: Json) -> Json:
+        """A new ResourceSlice, given whole (``tests/dra_objects.py``); returns it as the API
+        shows it (uid, creationTimestamp, generation and resourceVersion set)."""
+        name = resource_slice["metadata"]["name"]
+        if ("", name) in self._resource_slices:
+            raise ValueError(f"ResourceSlice {name} exists already")
+        created = json.loads(json.dumps(resource_slice))
+        created["metadata"].update(
+            uid=self._next_uid(), generation=1, creationTimestamp="2026-01-01T00:00:00Z"
+        )
+        return self._commit("resourceslices", None, created)
+
+    def replace_resource_slice(self, resource_slice: Json) -> Json:
+        """Replace a ResourceSlice's spec (a driver republishing it), keeping its metadata."""
+        before = self._resource_slice(resource_slice["metadata"]["name"])
+        after = json.loads(json.dumps(before))
+        after["spec"] = json.loads(json.dumps(resource_slice["spec"]))
+        after["metadata"]["generation"] += 1
+        return self._commit("resourceslices", before, after)
+
+    def delete_resource_slice(self, name: str) -> None:
+        self._commit("resourceslices", self._resource_slice(name), None)
+
     def compact(self) -> None:
         """Forget the history (etcd compaction): watches and list pages from before now are
         answered 410 Gone."""
@@ -536,7 +590,7 @@ class FakeKubeApi:
                 return await _send_json(conn, stream, failure.status, status)
         if req.method != "GET":
             return await _send_json(conn, stream, 405, _status(405, "only GET here"))
-        if req.is_pods() or req.is_slices():
+        if req.is_collection():
             if req.is_watch():
                 return await self._watch(conn, stream, req)
             code, listed = self._list(req)
@@ -577,9 +631,27 @@ class FakeKubeApi:
                 "resources": [{**pods, "verbs": verbs, "shortNames": ["po"]}],
             }
         if path == "/apis":
-            return {"kind": "APIGroupList", "apiVersion": "v1", "groups": [_DISCOVERY_GROUP]}
+            groups = [_DISCOVERY_GROUP, _RESOURCE_GROUP]
+            return {"kind": "APIGroupList", "apiVersion": "v1", "groups": groups}
         if path == "/apis/discovery.k8s.io":
             return {"kind": "APIGroup", "apiVersion": "v1", **_DISCOVERY_GROUP}
+        if path == "/apis/resource.k8s.io":
+            return {"kind": "APIGroup", "apiVersion": "v1", **_RESOURCE_GROUP}
+        if path == RESOURCE_GROUP:
+            return {
+                "kind": "APIResourceList",
+                "apiVersion": "v1",
+                "groupVersion": "resource.k8s.io/v1",
+                "resources": [
+                    {
+                        "name": "resourceslices",
+                        "singularName": "resourceslice",
+                        "namespaced": False,
+                        "kind": "ResourceSlice",
+                        "verbs": ["create", "delete", "get", "list", "patch", "update", "watch"],
+                    }
+                ],
+            }
         if path == SLICES_GROUP:
             verbs = ["get", "list", "watch"]
             return {
@@ -690,6 +762,12 @@ class FakeKubeApi:
         except KeyError:
             raise ValueError(f"no EndpointSlice {namespace}/{name}") from None
 
+    def _resource_slice(self, name: str) -> Json:
+        try:
+            return self._resource_slices[("", name)]
+        except KeyError:
+            raise ValueError(f"no ResourceSlice {name}") from None
+
     def _next_uid(self) -> str:
         self._uids += 1
         return f"00000000-0000-4000-8000-{self._uids:012d}"
@@ -699,9 +777,9 @@ class FakeKubeApi:
         objects = self._objects[kind]
         if after is not None:
             after["metadata"]["resourceVersion"] = str(self._rv)
-            objects[(after["metadata"]["namespace"], after["metadata"]["name"])] = after
+            objects[_key(after)] = after
         elif before is not None:
-            del objects[(before["metadata"]["namespace"], before["metadata"]["name"])]
+            del objects[_key(before)]
         change = _Change(kind, self._rv, before, after)
         self._history.append(change)
         self._to_watches(
@@ -794,10 +872,12 @@ def slice_port(port: int | None, name: str = "", protocol: str = "TCP") -> Json:
 _TYPE: dict[Kind, Json] = {
     "pods": {"kind": "Pod", "apiVersion": "v1"},
     "endpointslices": {"kind": "EndpointSlice", "apiVersion": "discovery.k8s.io/v1"},
+    "resourceslices": {"kind": "ResourceSlice", "apiVersion": "resource.k8s.io/v1"},
 }
 _LIST_TYPE: dict[Kind, Json] = {
     "pods": {"kind": "PodList", "apiVersion": "v1"},
     "endpointslices": {"kind": "EndpointSliceList", "apiVersion": "discovery.k8s.io/v1"},
+    "resourceslices": {"kind": "ResourceSliceList", "apiVersion": "resource.k8s.io/v1"},
 }
 _DISCOVERY_GROUP: Json = {
     "name": "discovery.k8s.io",
@@ -806,9 +886,36 @@ _DISCOVERY_GROUP: Json = {
 }
 
 
+_RESOURCE_GROUP: Json = {
+    "name": "resource.k8s.io",
+    "versions": [{"groupVersion": "resource.k8s.io/v1", "version": "v1"}],
+    "preferredVersion": {"groupVersion": "resource.k8s.io/v1", "version": "v1"},
+}
+
+
+def _key(obj: Json) -> tuple[str, str]:
+    """Objects by namespace and name (a cluster-scoped one's namespace is empty)."""
+    return (obj["metadata"].get("namespace", ""), obj["metadata"]["name"])
+
+
 def _selection(req: RecordedRequest) -> tuple[Kind, Selects]:
     """The collection a list or watch reads and what it selects; ValueError for a selector
     this fake does not serve (answered 400, as an API server answers one it cannot parse)."""
+    if req.is_resource_slices():
+        fields = _field_selector(req.query.get("fieldSelector", ""), _RESOURCE_SLICE_FIELDS)
+        labels = _label_selector(req.query.get("labelSelector", ""))
+
+        def selects_resource_slice(obj: Json | None) -> bool:
+            if obj is None:
+                return False
+            values = {
+                "spec.nodeName": obj["spec"].get("nodeName") or "",
+                "spec.driver": obj["spec"]["driver"],
+                "metadata.name": obj["metadata"]["name"],
+            }
+            return fields(values) and labels(obj["metadata"].get("labels") or {})
+
+        return "resourceslices", selects_resource_slice
     if req.is_pods():
         node = _node_of(req.query.get("fieldSelector", ""))
         namespace = req.namespace
@@ -858,6 +965,29 @@ def _label_selector(selector: str) -> Callable[[Mapping[str, str]], bool]:
             if op in ("=", "==") and labels.get(key) != value:
                 return False
         return True
+
+    return matches
+
+
+_FIELD_TERM = re.compile(r"([A-Za-z.]+)(==|!=|=)(.*)")
+
+
+def _field_selector(selector: str, allowed: Sequence[str]) -> Callable[[Mapping[str, str]], bool]:
+    """``field=value``, ``field==value``, ``field!=value``, comma-separated, over the fields
+    ``allowed``; ValueError (answered 400) for another field, as the API server refuses one
+    (``field label not supported``)."""
+    terms: list[tuple[str, bool, str]] = []
+    for term in filter(None, (t.strip() for t in selector.split(","))):
+        found = _FIELD_TERM.fullmatch(term)
+        if found is None:
+            raise ValueError(f"invalid selector: {term!r}; can't understand {term!r}")
+        name, op, value = found.groups()
+        if name not in allowed:
+            raise ValueError(f'field label not supported: "{name}"')
+        terms.append((name, op == "!=", value))
+
+    def matches(values: Mapping[str, str]) -> bool:
+        return all((values[name] == value) != negated for name, negated, value in terms)
 
     return matches
 
