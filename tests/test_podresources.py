@@ -13,6 +13,7 @@ import math
 import socket
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import anyio
 import pytest
@@ -333,7 +334,9 @@ async def test_devices_of_other_resources_are_dropped(
 
 
 @pytest.mark.anyio
-async def test_dra_devices_are_mapped_whatever_the_driver(kubelet: FakeKubelet) -> None:
+async def test_dra_devices_are_mapped_whatever_the_driver_gpus_marked_by_theirs(
+    kubelet: FakeKubelet,
+) -> None:
     gpu_claim = claim(
         "ml",
         "llm-gpu",
@@ -349,7 +352,7 @@ async def test_dra_devices_are_mapped_whatever_the_driver(kubelet: FakeKubelet) 
         reading = await _reading(sampler)
     finally:
         sampler.close()
-    common = {"namespace": "ml", "pod": "llm-0", "container": "vllm"}
+    common: dict[str, Any] = {"namespace": "ml", "pod": "llm-0", "container": "vllm"}
     assert reading.holders == ()
     assert reading.dra == (
         DraDevice(
@@ -359,6 +362,7 @@ async def test_dra_devices_are_mapped_whatever_the_driver(kubelet: FakeKubelet) 
             driver="gpu.nvidia.com",
             pool="node-1",
             device="gpu-0",
+            gpu=True,
         ),
         DraDevice(
             **common,
@@ -368,6 +372,7 @@ async def test_dra_devices_are_mapped_whatever_the_driver(kubelet: FakeKubelet) 
             pool="node-1",
             device="gpu-1",
             share_id="7f3c",
+            gpu=True,
         ),
         DraDevice(
             **common,

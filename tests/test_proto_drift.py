@@ -159,4 +159,8 @@ def test_attribution_messages_carry_every_field_of_their_samples(
     fields = _proto_fields(message)
     assert set(fields) == set(struct.__struct_fields__)
     optional = {name for name, meta in fields.items() if meta.optional}
-    assert optional == {"share_id"} & set(fields)
+    # Exactly the fields the struct may leave None are optional in the proto.
+    names, defaults = struct.__struct_fields__, struct.__struct_defaults__
+    with_default = names[len(names) - len(defaults) :]
+    may_be_none = {n for n, d in zip(with_default, defaults, strict=True) if d is None}
+    assert optional == may_be_none

@@ -15,13 +15,16 @@ from typing import Any, TypeVar
 import anyio
 
 from keda_gpu_scaler.app.compose import RunningPipeline, open_pipeline
+from keda_gpu_scaler.domain.attribution import slices_unavailable_reason
 from keda_gpu_scaler.domain.decision import Measurement
 from keda_gpu_scaler.domain.decision import measure as real_measure
+from keda_gpu_scaler.domain.dra import Slices
 from keda_gpu_scaler.domain.samples import (
     DeviceKey,
     GpuReading,
     PodResourcesReading,
     PodsReading,
+    ResourceSlicesReading,
     Sample,
     SourceFault,
     unbatch,
@@ -160,11 +163,13 @@ def snapshot_of(
     *,
     attributions: Iterable[PodResourcesReading] = (),
     pods: PodsReading | None = None,
+    resource_slices: ResourceSlicesReading | None = None,
     published_at: float = 0.0,
     **fields: Any,
 ) -> Snapshot:
     """A snapshot holding these device states (lost, or with a history, as a test needs)
-    and attributions (each on its ``node``), with the node views and indexes the fold's own
+    and attributions (each on its ``node``; a node agent's DRA devices joined through
+    ``resource_slices``), with the node views and indexes the fold's own
     :class:`~keda_gpu_scaler.pipeline.state.NodeBuilder` makes of them; ``fields`` are other
     :class:`Snapshot` fields (``engines``, ``sources``)."""
     builder = NodeBuilder(EMPTY_SNAPSHOT)
@@ -172,7 +177,13 @@ def snapshot_of(
         builder.touch(node_of(device.key), published_at).devices[device.key] = device
     for reading in attributions:
         builder.touch(reading.node or LOCAL_NODE, published_at).attribute(reading)
-    nodes, count, pod_nodes, attributed_until = builder.finish(EMPTY_SNAPSHOT)
+    sources = fields.get("sources", {})
+
+    def slices() -> Slices:
+        reason = slices_unavailable_reason(sources, resource_slices, published_at)
+        return Slices.of(resource_slices, reason)
+
+    nodes, count, pod_nodes, attributed_until = builder.finish(EMPTY_SNAPSHOT, slices)
     return Snapshot(
         version=1,
         published_at=published_at,
@@ -182,6 +193,7 @@ def snapshot_of(
         pod_index=EMPTY_POD_INDEX if pods is None else index_pods(pods.pods),
         pod_nodes=pod_nodes,
         attributed_until=attributed_until,
+        resource_slices=resource_slices,
         **fields,
     )
 

@@ -7,6 +7,11 @@ device, so every pod sharing it sees the same numbers, and the device counts onc
 
 An ID that names no device NVML reports (another plugin's naming, a GPU that fell off the
 bus) is kept apart as unmatched: reported, never guessed.
+
+A device allocated through DRA is joined to NVML by ``domain.dra`` (through the node's
+ResourceSlices); once joined it holds its NVML device exactly as a device plugin's ID does,
+and one the join could not identify is kept by pod (``NodeView.unidentified``), so that a
+trigger over its pod has no value rather than a 0.
 """
 
 from __future__ import annotations
@@ -16,15 +21,19 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
 
+from keda_gpu_scaler.domain.dra import is_joined, is_unidentified
 from keda_gpu_scaler.domain.samples import (
     POD_RESOURCES_SOURCE,
     PODS_SOURCE,
+    RESOURCE_SLICES_SOURCE,
     DeviceHolder,
     DeviceKey,
+    DraDevice,
     PodResourcesReading,
     PodsReading,
+    ResourceSlicesReading,
 )
-from keda_gpu_scaler.domain.snapshot import Snapshot, stale_limit_s
+from keda_gpu_scaler.domain.snapshot import PodKey, Snapshot, SourceState, stale_limit_s
 
 REPLICA_SEPARATOR = "::"
 
@@ -47,25 +56,52 @@ class Attribution:
         return self.by_device.get(key, ())
 
 
-def index_holders(
-    reading: PodResourcesReading | None,
-) -> tuple[
-    Mapping[tuple[str, str], tuple[DeviceHolder, ...]],
+HolderIndex = tuple[
+    Mapping[PodKey, tuple[DeviceHolder, ...]],
     Mapping[DeviceKey, tuple[DeviceHolder, ...]],
-]:
+    Mapping[PodKey, tuple[DraDevice, ...]],
+]
+
+
+def index_holders(
+    reading: PodResourcesReading | None, dra: tuple[DraDevice, ...] = ()
+) -> HolderIndex:
     """One node's holders by pod, and by the device key each ID names (``<node>/<uuid>``
-    on a cluster scaler)."""
-    if reading is None or not reading.holders:
-        return MappingProxyType({}), MappingProxyType({})
+    on a cluster scaler), and the DRA devices of each pod that the join could not identify.
+
+    ``dra`` is ``reading``'s DRA devices joined (``domain.dra``): a joined one holds its
+    NVML device as a device plugin's ID does (``resource`` its driver, ``device_id`` the
+    UUID), so a device shared through one claim has every pod on it as a holder. A pod with
+    an unidentified one is in the index by pod even when it holds nothing else."""
+    if reading is None or not (reading.holders or dra):
+        return MappingProxyType({}), MappingProxyType({}), MappingProxyType({})
     prefix = f"{reading.node}/" if reading.node else ""
-    by_pod: dict[tuple[str, str], list[DeviceHolder]] = {}
+    by_pod: dict[PodKey, list[DeviceHolder]] = {}
     by_device: dict[DeviceKey, list[DeviceHolder]] = {}
-    for holder in reading.holders:
+    unidentified: dict[PodKey, list[DraDevice]] = {}
+    for holder in (*reading.holders, *(dra_holder(d) for d in dra if is_joined(d))):
         by_pod.setdefault((holder.namespace, holder.pod), []).append(holder)
         by_device.setdefault(DeviceKey(prefix + device_key(holder.device_id)), []).append(holder)
+    for device in dra:
+        if is_unidentified(device):
+            by_pod.setdefault((device.namespace, device.pod), [])
+            unidentified.setdefault((device.namespace, device.pod), []).append(device)
     return (
         MappingProxyType({k: tuple(v) for k, v in by_pod.items()}),
         MappingProxyType({k: tuple(v) for k, v in by_device.items()}),
+        MappingProxyType({k: tuple(v) for k, v in unidentified.items()}),
+    )
+
+
+def dra_holder(device: DraDevice) -> DeviceHolder:
+    """A joined DRA device as the holder of its NVML device."""
+    assert device.key is not None
+    return DeviceHolder(
+        namespace=device.namespace,
+        pod=device.pod,
+        container=device.container,
+        resource=device.driver,
+        device_id=device.key,
     )
 
 
@@ -106,7 +142,7 @@ def unavailable_reason(snapshot: Snapshot, now: float) -> str | None:
             return "pod attribution is stale on every node (no node agent's kubelet answered)"
         return "pod attribution is unavailable: no node agent has sent its kubelet's answer yet"
     return _unavailable(
-        snapshot,
+        snapshot.sources,
         snapshot.attribution,
         POD_RESOURCES_SOURCE,
         now,
@@ -124,7 +160,7 @@ def pods_unavailable_reason(
     when they can. A namespace the pod watch does not cover has pods unknown: never read as
     none (:func:`pods_coverage_reason`)."""
     reason = _unavailable(
-        snapshot,
+        snapshot.sources,
         snapshot.pods,
         PODS_SOURCE,
         now,
@@ -161,9 +197,25 @@ def pods_coverage_reason(reading: PodsReading | None, namespace: str) -> str | N
     return f"pods of namespace {namespace} are not watched: not among --pod-namespaces {names}"
 
 
+def slices_unavailable_reason(
+    sources: Mapping[str, SourceState], reading: ResourceSlicesReading | None, now: float
+) -> str | None:
+    """Why this node's ResourceSlices cannot be used for the DRA join now, or None."""
+    return _unavailable(
+        sources,
+        reading,
+        RESOURCE_SLICES_SOURCE,
+        now,
+        what="this node's ResourceSlices",
+        silent="none has been read (is the DRA join on, --dra-join, and may the service "
+        "account list and watch resourceslices?)",
+        stale="the Kubernetes API last answered {age:.0f} s ago",
+    )
+
+
 def _unavailable(
-    snapshot: Snapshot,
-    reading: PodResourcesReading | PodsReading | None,
+    sources: Mapping[str, SourceState],
+    reading: PodResourcesReading | PodsReading | ResourceSlicesReading | None,
     default_source: str,
     now: float,
     *,
@@ -171,7 +223,7 @@ def _unavailable(
     silent: str,
     stale: str,
 ) -> str | None:
-    source = snapshot.sources.get(reading.source if reading else default_source)
+    source = sources.get(reading.source if reading else default_source)
     fault = f": {source.fault}" if source is not None and source.fault else ""
     verb = "are" if what.endswith("s") else "is"
     if reading is None:

@@ -22,7 +22,7 @@ from keda_gpu_scaler.domain.attribution import (
 )
 from keda_gpu_scaler.domain.device_selection import Basis, Group
 from keda_gpu_scaler.domain.errors import NoData
-from keda_gpu_scaler.domain.samples import DeviceHolder, DeviceKey
+from keda_gpu_scaler.domain.samples import DeviceHolder, DeviceKey, DraDevice
 from keda_gpu_scaler.domain.snapshot import (
     DeviceState,
     NodeView,
@@ -114,10 +114,12 @@ def select_pods(
     )
     chosen: dict[DeviceKey, tuple[DeviceState, NodeView]] = {}
     unmatched: list[DeviceHolder] = []
+    unidentified: list[DraDevice] = []
     views: dict[str, NodeView] = {}
     for pod in matching:
         for name in sorted(snapshot.pod_nodes.get(pod, ())):
             view = views[name] = snapshot.nodes[name]
+            unidentified.extend(view.unidentified.get(pod, ()))
             prefix = f"{name}/" if name else ""
             for holder in view.by_pod[pod]:
                 key = DeviceKey(prefix + device_key(holder.device_id))
@@ -134,6 +136,8 @@ def select_pods(
         attributed_until=snapshot.attributed_until,
     )
     indexes = tuple((name, view.by_pod) for name, view in views.items())
+    if unidentified:
+        raise NoData(_unidentified(unidentified))
     if unmatched:
         held = ", ".join(f"{h.pod} holds {h.resource} {h.device_id}" for h in unmatched)
         raise NoData(f"{held}: no GPU that NVML reports on this node has that ID (not guessed)")
@@ -163,6 +167,24 @@ def select_pods(
         holders[key] = text
     groups = _groups([d for d, _ in chosen.values()])
     return PodScope(groups, MappingProxyType(holders), f"the GPUs of {whose}", basis, indexes)
+
+
+_NAMED_AT_MOST = 3
+"""Unidentified DRA devices a reason names; the rest are counted."""
+
+
+def _unidentified(devices: list[DraDevice]) -> str:
+    """Why a scope with DRA devices the join could not identify has no value: each named
+    with its pod, claim and the join's words."""
+    named = [
+        f"{d.namespace}/{d.pod} holds DRA device {d.name} of claim {d.claim}, not identified "
+        f"({d.outcome}: {d.detail})"
+        for d in devices[:_NAMED_AT_MOST]
+    ]
+    more = len(devices) - _NAMED_AT_MOST
+    if more > 0:
+        named.append(f"and {more} more")
+    return "; ".join(named) + " (a GPU it holds is never counted as none)"
 
 
 def _groups(devices: list[DeviceState]) -> tuple[Group, ...]:

@@ -113,6 +113,8 @@ class SourceStopped(msgspec.Struct, frozen=True, kw_only=True, tag="stopped"):
 
 
 POD_RESOURCES_SOURCE = "pod-resources"
+RESOURCE_SLICES_SOURCE = "resource-slices"
+"""Source name of the watch of this node's ResourceSlices (the DRA join)."""
 """Source name of the kubelet PodResources sampler (which pod holds which device)."""
 PODS_SOURCE = "pods"
 """Source name of the pod watch (labels and phase of this node's pods)."""
@@ -132,10 +134,11 @@ class DeviceHolder(msgspec.Struct, frozen=True, kw_only=True):
 
 
 class DraDevice(msgspec.Struct, frozen=True, kw_only=True):
-    """One device of a DRA claim allocated to a container (``dynamic_resources``).
+    """One device of a DRA claim allocated to a container (``dynamic_resources``), and,
+    once joined (``domain.dra``), the NVML device it is or why that is not known.
 
-    Listed for visibility only: joining it to an NVML device needs the ResourceSlice of
-    ``pool`` (its ``uuid`` attribute), which the node agent does not read."""
+    Several pods referencing one claim (time-slicing or MPS set in its config) each list
+    the device: they are all its holders, as with time-sliced device-plugin replicas."""
 
     namespace: str
     pod: str
@@ -146,6 +149,25 @@ class DraDevice(msgspec.Struct, frozen=True, kw_only=True):
     pool: str
     device: str
     share_id: str | None = None
+    """The allocation's share (a device allocated in parts, Kubernetes 1.35+)."""
+    gpu: bool = False
+    """Its driver is one of ``--dra-drivers``: the device is a GPU."""
+    key: str | None = None
+    """The NVML device it is (its UUID), once joined."""
+    outcome: str = ""
+    """How it was joined (``uuid``, ``placement``) or why not (``domain.dra.Outcome``);
+    empty before the join."""
+    detail: str = ""
+    """The outcome in words."""
+
+    @property
+    def claim(self) -> str:
+        return f"{self.claim_namespace}/{self.claim_name}"
+
+    @property
+    def name(self) -> str:
+        """``<driver>/<pool>/<device>``, as the kubelet names it."""
+        return f"{self.driver}/{self.pool}/{self.device}"
 
 
 class PodResourcesReading(
@@ -163,6 +185,63 @@ class PodResourcesReading(
     dra: tuple[DraDevice, ...] = ()
     node: str = ""
     """The node whose kubelet answered, on a cluster scaler; empty on a node agent."""
+
+
+class SliceDevice(msgspec.Struct, frozen=True, kw_only=True, gc=False, omit_defaults=True):
+    """One device of a ResourceSlice, as much of it as the DRA join reads: its name and
+    the attributes of its driver's domain that identify it."""
+
+    name: str
+    uuid: str | None = None
+    """``uuid``: a GPU's ``GPU-...``, a MIG device's ``MIG-...``."""
+    parent_uuid: str | None = None
+    """``parentUUID``: a MIG device's GPU."""
+    type: str | None = None
+    """``type``: ``gpu``, ``mig``, ``vfio``, ..."""
+    profile: str | None = None
+    """``profile``: a MIG device's, such as ``1g.10gb``."""
+
+
+class ResourceSliceInfo(msgspec.Struct, frozen=True, kw_only=True, gc=False):
+    """One ResourceSlice (``resource.k8s.io/v1``): which pool, which generation of it, and
+    its devices."""
+
+    name: str
+    driver: str
+    pool: str
+    generation: int
+    slice_count: int
+    """``spec.pool.resourceSliceCount``: how many slices the pool's generation has."""
+    node: str = ""
+    devices: tuple[SliceDevice, ...] = ()
+
+
+class DraPool(msgspec.Struct, frozen=True, kw_only=True, gc=False, omit_defaults=True):
+    """A pool of one driver: the devices of its latest generation, and why it cannot be
+    used (incomplete, invalid), if it cannot."""
+
+    driver: str
+    name: str
+    generation: int
+    slices: int
+    """Slices of the latest generation seen."""
+    slice_count: int
+    """How many that generation says it has."""
+    devices: tuple[SliceDevice, ...] = ()
+    problem: str | None = None
+
+
+class ResourceSlicesReading(
+    msgspec.Struct, frozen=True, kw_only=True, gc=False, tag="resource-slices", omit_defaults=True
+):
+    """This node's ResourceSlices, as pools, as of the last answer of the Kubernetes API
+    (``taken_at``; unavailable after three ``period_s`` without one)."""
+
+    source: str
+    taken_at: float
+    period_s: float
+    node: str
+    pools: tuple[DraPool, ...] = ()
 
 
 class PodInfo(msgspec.Struct, frozen=True, kw_only=True, gc=False, omit_defaults=True):
@@ -252,6 +331,7 @@ Sample = (
     | SourceStopped
     | PodResourcesReading
     | PodsReading
+    | ResourceSlicesReading
     | AgentsReading
 )
 
@@ -272,6 +352,7 @@ def unbatch(
     | SourceStopped
     | PodResourcesReading
     | PodsReading
+    | ResourceSlicesReading
     | AgentsReading
 ]:
     """Every sample, with each :class:`Batch` opened in place."""

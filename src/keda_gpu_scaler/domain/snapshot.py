@@ -22,10 +22,12 @@ from keda_gpu_scaler.domain.samples import (
     AgentsReading,
     DeviceHolder,
     DeviceKey,
+    DraDevice,
     GpuReading,
     PodInfo,
     PodResourcesReading,
     PodsReading,
+    ResourceSlicesReading,
 )
 
 STALE_AFTER_PERIODS = 3
@@ -127,6 +129,14 @@ class NodeView(msgspec.Struct, frozen=True, kw_only=True, gc=False):
         default_factory=lambda: MappingProxyType({})
     )
     """The holders of each key the device IDs name (a key not in ``devices`` is unmatched)."""
+    dra: tuple[DraDevice, ...] = ()
+    """``attribution``'s DRA devices, joined to NVML (``domain.dra``); a cluster scaler
+    gets them joined from the node agent."""
+    unidentified: Mapping[PodKey, tuple[DraDevice, ...]] = msgspec.field(
+        default_factory=lambda: MappingProxyType({})
+    )
+    """Each pod's DRA devices the join could not identify: a trigger over the pod has no
+    value. Rebuilt with ``by_pod``, so a scope that holds ``by_pod`` holds these too."""
     last_heard_at: float | None = None
     """When this node last sent anything (this process's clock); None: never."""
 
@@ -211,6 +221,8 @@ class Snapshot(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     change."""
     attributed_until: float = -math.inf
     """On a cluster scaler: when the freshest node attribution goes stale."""
+    resource_slices: ResourceSlicesReading | None = None
+    """On a node agent: its node's ResourceSlices, which the DRA join reads."""
     agents: AgentsReading | None = None
     """On a cluster scaler: the node agents discovery sees (ready or not), as last told."""
 

@@ -3,23 +3,27 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from types import MappingProxyType
 from typing import TypeVar
 
 import msgspec
 
-from keda_gpu_scaler.domain.attribution import index_holders
+from keda_gpu_scaler.domain.attribution import index_holders, slices_unavailable_reason
+from keda_gpu_scaler.domain.dra import Slices, join_devices
 from keda_gpu_scaler.domain.engines import EngineSample
 from keda_gpu_scaler.domain.history import EMPTY_HISTORY, NO_HISTORY, History, HistoryPlan
 from keda_gpu_scaler.domain.samples import (
+    RESOURCE_SLICES_SOURCE,
     AgentsReading,
     Batch,
     DeviceHolder,
     DeviceKey,
+    DraDevice,
     GpuReading,
     PodResourcesReading,
     PodsReading,
+    ResourceSlicesReading,
     Sample,
     SourceFault,
     SourceStopped,
@@ -54,9 +58,10 @@ def fold(
     engine_history: dict[str, History] = _thaw(snapshot.engine_history)
     pods, pod_index = snapshot.pods, snapshot.pod_index
     agents = snapshot.agents
+    resource_slices = snapshot.resource_slices
     samples = tuple(samples)
     for item in samples:
-        if isinstance(item, Batch | GpuReading | EngineSample | PodResourcesReading | PodsReading):
+        if isinstance(item, _CYCLES):
             _count_cycle(sources, item.source)
     for sample in unbatch(samples):
         if isinstance(sample, SourceStopped):
@@ -65,6 +70,8 @@ def fold(
             engine_history.pop(sample.source, None)
             if pods is not None and pods.source == sample.source:
                 pods, pod_index = None, EMPTY_POD_INDEX
+            if resource_slices is not None and resource_slices.source == sample.source:
+                resource_slices = None
             nodes.stopped(sample)
             continue
         source = sources.get(sample.source) or SourceState(name=sample.source)
@@ -91,14 +98,25 @@ def fold(
                 pod_index = index_pods(sample.pods)
             pods = sample
             sources[sample.source] = _heard(source, sample.taken_at)
+        elif isinstance(sample, ResourceSlicesReading):
+            resource_slices = sample
+            sources[sample.source] = _heard(source, sample.taken_at)
+            nodes.touch(LOCAL_NODE, None)  # its DRA devices are joined again
         else:
             if sample.key is None:
                 source = msgspec.structs.replace(source, fault=sample.reason, fault_at=sample.at)
+                if sample.source == RESOURCE_SLICES_SOURCE:
+                    nodes.touch(LOCAL_NODE, None)  # the join says why it cannot read them
             elif sample.lost:
                 node = nodes.touch(node_of(sample.key), None)
                 node.devices[sample.key] = _mark_lost(node.devices.get(sample.key), sample)
             sources[sample.source] = msgspec.structs.replace(source, faults=source.faults + 1)
-    views, count, pod_nodes, attributed_until = nodes.finish(snapshot)
+
+    def slices() -> Slices:
+        reason = slices_unavailable_reason(sources, resource_slices, now)
+        return Slices.of(resource_slices, reason)
+
+    views, count, pod_nodes, attributed_until = nodes.finish(snapshot, slices)
     return Snapshot(
         version=snapshot.version + 1,
         published_at=now,
@@ -111,8 +129,15 @@ def fold(
         pod_index=pod_index,
         pod_nodes=pod_nodes,
         attributed_until=attributed_until,
+        resource_slices=resource_slices,
         agents=agents,
     )
+
+
+_CYCLES = (
+    Batch | GpuReading | EngineSample | PodResourcesReading | PodsReading | ResourceSlicesReading
+)
+"""Samples that are one sampler cycle each."""
 
 
 class _Node:
@@ -129,7 +154,11 @@ class _Node:
 
     def attribute(self, reading: PodResourcesReading) -> None:
         old = self.attribution
-        if old is None or (reading.holders is not old.holders and reading.holders != old.holders):
+        if (
+            old is None
+            or (reading.holders is not old.holders and reading.holders != old.holders)
+            or (reading.dra is not old.dra and reading.dra != old.dra)
+        ):
             self.reindex = True
         self.attribution = reading
 
@@ -181,8 +210,11 @@ class NodeBuilder:
         return view.devices, view.attribution
 
     def finish(
-        self, snapshot: Snapshot
+        self, snapshot: Snapshot, slices: Callable[[], Slices]
     ) -> tuple[Mapping[str, NodeView], int, Mapping[PodKey, frozenset[str]], float]:
+        """The views, the device count, the index of pods by node and when the freshest
+        attribution goes stale; ``slices`` is what the DRA join of a node agent's own
+        devices reads (asked only when there is one to join)."""
         if not self._touched and not self._removed:
             return (
                 snapshot.nodes,
@@ -206,12 +238,15 @@ class NodeBuilder:
         for name, node in self._touched.items():
             old = views.get(name)
             count += len(node.devices) - (0 if old is None else len(old.devices))
-            by_pod = old.by_pod if old is not None else NodeView(name=name).by_pod
-            by_device = old.by_device if old is not None else NodeView(name=name).by_device
+            kept = old if old is not None else NodeView(name=name)
+            by_pod, by_device, unidentified = kept.by_pod, kept.by_device, kept.unidentified
+            dra = _joined(node, kept.dra, slices)
+            if dra is not kept.dra:
+                node.reindex = True
             if node.reindex:
                 if by_pod:
                     pod_nodes = _unindex(_copy(pod_nodes, snapshot), name, by_pod)
-                by_pod, by_device = index_holders(node.attribution)
+                by_pod, by_device, unidentified = index_holders(node.attribution, dra)
                 if by_pod:
                     pod_nodes = _copy(pod_nodes, snapshot)
                     for pod in by_pod:
@@ -226,6 +261,8 @@ class NodeBuilder:
                 attribution=node.attribution,
                 by_pod=by_pod,
                 by_device=by_device,
+                dra=dra,
+                unidentified=unidentified,
                 last_heard_at=node.last_heard_at,
             )
         if recount_attribution:
@@ -243,6 +280,23 @@ class NodeBuilder:
             snapshot.pod_nodes if pod_nodes is None else MappingProxyType(pod_nodes),
             attributed_until,
         )
+
+
+def _joined(
+    node: _Node, kept: tuple[DraDevice, ...], slices: Callable[[], Slices]
+) -> tuple[DraDevice, ...]:
+    """The node's DRA devices joined: ``kept`` (the same object) while that is unchanged.
+
+    A node agent's own (not joined yet) are joined on every fold that touches the node, as
+    NVML's devices and the slices move; a cluster scaler's come joined from the agent."""
+    a = node.attribution
+    if a is None or not a.dra:
+        return kept if not kept else ()
+    if not node.reindex and all(d.outcome for d in a.dra):
+        return kept
+    prefix = f"{node.name}/" if node.name != LOCAL_NODE else ""
+    joined = join_devices(a.dra, slices(), node.devices, prefix=prefix)
+    return kept if joined == kept else joined
 
 
 _K = TypeVar("_K")

@@ -25,6 +25,7 @@ from keda_gpu_scaler.domain.samples import (
     GpuReading,
     PodResourcesReading,
     PodsReading,
+    ResourceSlicesReading,
     Sample,
     SourceFault,
     SourceStopped,
@@ -56,8 +57,10 @@ class TapHeldDevice(msgspec.Struct, frozen=True, kw_only=True):
 
 
 class TapAttribution(msgspec.Struct, frozen=True, kw_only=True, tag="attribution"):
-    """Each kubelet PodResources answer, joined with NVML's devices: who holds which device,
-    which device IDs match no device NVML reports (never guessed), and DRA allocations."""
+    """Each kubelet PodResources answer, joined with NVML's devices: who holds which device
+    (a DRA device joined to one among its holders), which device IDs match no device NVML
+    reports (never guessed), and every DRA device with its join: the NVML device it is
+    (``key``), or why that is not known (``outcome``, ``detail``), and its ``share_id``."""
 
     source: str
     at: float
@@ -71,6 +74,7 @@ TapEvent = (
     | SourceFault
     | EngineSample
     | PodsReading
+    | ResourceSlicesReading
     | AgentsReading
     | TapAttribution
     | TapDecision
@@ -82,6 +86,7 @@ def tap_attribution(reading: PodResourcesReading, snapshot: Snapshot) -> TapAttr
     those of its node only (a node agent's own, ``LOCAL_NODE``), not the whole cluster's
     once per answer."""
     joined = attribute(snapshot, node=reading.node)
+    view = snapshot.nodes.get(reading.node)
     held: list[TapHeldDevice] = []
     if joined is not None:
         for key, holders in joined.by_device.items():
@@ -95,7 +100,7 @@ def tap_attribution(reading: PodResourcesReading, snapshot: Snapshot) -> TapAttr
         at=reading.taken_at,
         devices=tuple(held),
         unmatched=() if joined is None else joined.unmatched,
-        dra=reading.dra,
+        dra=reading.dra if view is None else view.dra,
     )
 
 
@@ -122,7 +127,7 @@ class TapFilter:
             return False
         if self.source is not None and event.source != self.source:
             return False
-        if isinstance(event, EngineSample | PodsReading | AgentsReading):
+        if isinstance(event, EngineSample | PodsReading | ResourceSlicesReading | AgentsReading):
             return self.device is None
         if isinstance(event, TapAttribution):
             return self.device is None or any(

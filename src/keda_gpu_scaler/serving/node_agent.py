@@ -11,9 +11,10 @@ nothing changed for :func:`heartbeat_s`. The servicer reads the :class:`Snapshot
 - **Ages, not timestamps.** Each reading's ``age_s`` is the agent's clock at the moment the
   message is made minus the reading's ``taken_at``; the cluster dates it on its own clock.
 - **Attribution once per kubelet answer.** Who holds which device is the largest part of an
-  update and changes rarely: it goes out once per kubelet answer (every few seconds), its
-  lists only when they changed (``same_holders`` otherwise). At a thousand agents at 1 Hz
-  that keeps the cluster scaler's decoding to the readings.
+  update and changes rarely: it goes out once per kubelet answer (every few seconds) and
+  once per change of the DRA join (its DRA devices are sent joined: the cluster scaler reads
+  no ResourceSlice), its lists only when they changed (``same_holders`` otherwise). At a
+  thousand agents at 1 Hz that keeps the cluster scaler's decoding to the readings.
 - **Shutdown** (:meth:`NodeAgentService.begin_shutdown`): every stream ends with status OK, so
   a cluster scaler reconnects, as StreamIsActive streams do.
 """
@@ -43,8 +44,15 @@ from keda_gpu_scaler._proto_agent.kedagpuscaler.v1 import (
     SourceFault,
     WatchNodeRequest,
 )
+from keda_gpu_scaler.domain import samples as domain
 from keda_gpu_scaler.domain.samples import OPTIONAL_READINGS, GpuReading, PodResourcesReading
-from keda_gpu_scaler.domain.snapshot import DeviceState, Snapshot, SourceState
+from keda_gpu_scaler.domain.snapshot import (
+    LOCAL_NODE,
+    DeviceState,
+    NodeView,
+    Snapshot,
+    SourceState,
+)
 from keda_gpu_scaler.pipeline.hub import SnapshotHub
 from keda_gpu_scaler.serving.status import streaming
 from keda_gpu_scaler.serving.telemetry import Telemetry
@@ -92,12 +100,14 @@ def device_reading(reading: GpuReading, now: float) -> DeviceReading:
 
 
 def attribution_lists(
-    reading: PodResourcesReading,
+    reading: PodResourcesReading, dra: tuple[domain.DraDevice, ...] | None = None
 ) -> tuple[list[DeviceHolder], list[DraDevice]]:
+    """``reading``'s holders, and ``dra``: its DRA devices as the agent joined them (the
+    reading's own when None)."""
     # The proto messages have the domain structs' fields, by name.
     holders = [DeviceHolder(**msgspec.structs.asdict(h)) for h in reading.holders]
-    dra = [DraDevice(**msgspec.structs.asdict(d)) for d in reading.dra]
-    return holders, dra
+    joined = reading.dra if dra is None else dra
+    return holders, [DraDevice(**msgspec.structs.asdict(d)) for d in joined]
 
 
 _Carried = tuple[object, ...]
@@ -125,14 +135,15 @@ class UpdateBuilder:
     """One stream's memory of what it sent; pure, the caller owns the clock."""
 
     _carried: _Carried | None = None
-    _attribution: tuple[str, float] | None = None
+    _attribution: tuple[object, ...] | None = None
     _lists: tuple[object, ...] | None = None
 
     def update(self, snapshot: Snapshot, now: float) -> NodeReadings | None:
         """The message for ``snapshot`` at ``now``, or None when it would say nothing new."""
         devices, faulted = snapshot.ordered_devices(), _faulted(snapshot)
         carried = _carried(devices, faulted)
-        attribution = self._new_attribution(snapshot.attribution, now)
+        local = snapshot.nodes.get(LOCAL_NODE)
+        attribution = self._new_attribution(local, now)
         if carried == self._carried and attribution is None:
             return None
         self._carried = carried
@@ -159,16 +170,19 @@ class UpdateBuilder:
             attribution=attribution,
         )
 
-    def _new_attribution(
-        self, reading: PodResourcesReading | None, now: float
-    ) -> Attribution | None:
-        if reading is None or (reading.source, reading.taken_at) == self._attribution:
+    def _new_attribution(self, view: NodeView | None, now: float) -> Attribution | None:
+        """The kubelet's answer, once per answer and once per change of the DRA join."""
+        reading = None if view is None else view.attribution
+        if view is None or reading is None:
             return None
-        self._attribution = (reading.source, reading.taken_at)
-        lists = (reading.holders, reading.dra)
+        sent = (reading.source, reading.taken_at, view.dra)
+        if sent == self._attribution:
+            return None
+        self._attribution = sent
+        lists = (reading.holders, view.dra)
         same = lists == self._lists
         self._lists = lists
-        holders, dra = ([], []) if same else attribution_lists(reading)
+        holders, dra = ([], []) if same else attribution_lists(reading, view.dra)
         return Attribution(
             age_s=now - reading.taken_at,
             period_s=reading.period_s,

@@ -19,8 +19,9 @@ from prometheus_client.registry import Collector
 from keda_gpu_scaler.domain.attribution import attribute
 from keda_gpu_scaler.domain.catalog import CATALOG, Origin
 from keda_gpu_scaler.domain.decision import Decision, TriggerKey
+from keda_gpu_scaler.domain.dra import is_joined, is_unidentified
 from keda_gpu_scaler.domain.samples import Batch, GpuReading, Sample
-from keda_gpu_scaler.domain.snapshot import Snapshot
+from keda_gpu_scaler.domain.snapshot import LOCAL_NODE, Snapshot
 from keda_gpu_scaler.pipeline.tap import Tap, TapDecision
 
 PREFIX = "keda_gpu_scaler"
@@ -201,6 +202,7 @@ class _LiveCollector(Collector):
         snapshot = self._snapshot()
         yield from _gpu_families(snapshot, now)
         yield from _attribution_families(snapshot)
+        yield from _dra_counts(snapshot)
         yield from _agent_families(snapshot)
         yield from _source_families(snapshot, now)
         yield from _decision_families(self._decisions, now)
@@ -316,15 +318,43 @@ def _attribution_families(snapshot: Snapshot) -> Iterator[Metric]:
     for h in joined.unmatched:
         unmatched.add_metric([h.namespace, h.pod, h.container, h.resource, h.device_id], 1.0)
     yield unmatched
+    local = snapshot.nodes[LOCAL_NODE]
     dra = GaugeMetricFamily(
         f"{PREFIX}_pod_resources_dra_devices",
-        "1 per DRA device allocated to a pod container (not joined to NVML)",
-        labels=["namespace", "pod", "container", "claim", "driver", "pool", "device"],
+        "1 per DRA device allocated to a pod container, with the NVML device it was joined "
+        "to (uuid) or why not (outcome)",
+        labels=_DRA_LABELS,
     )
-    for d in snapshot.attribution.dra:
-        claim = f"{d.claim_namespace}/{d.claim_name}"
-        dra.add_metric([d.namespace, d.pod, d.container, claim, d.driver, d.pool, d.device], 1.0)
+    for d in local.dra:
+        row = [d.namespace, d.pod, d.container, d.claim, d.driver, d.pool, d.device]
+        dra.add_metric([*row, d.key or "", d.outcome], 1.0)
     yield dra
+
+
+_DRA_LABELS = ["namespace", "pod", "container", "claim", "driver", "pool", "device"]
+_DRA_LABELS += ["uuid", "outcome"]
+
+
+def _dra_counts(snapshot: Snapshot) -> Iterator[Metric]:
+    """DRA devices by driver, result (joined, unidentified, not_a_gpu) and outcome, over
+    every node's last kubelet answer."""
+    counts: dict[tuple[str, str, str], int] = {}
+    for view in snapshot.nodes.values():
+        for d in view.dra:
+            result = (
+                "joined" if is_joined(d) else "unidentified" if is_unidentified(d) else d.outcome
+            )
+            key = (d.driver, result, d.outcome)
+            counts[key] = counts.get(key, 0) + 1
+    family = GaugeMetricFamily(
+        f"{PREFIX}_dra_devices",
+        "DRA devices held by pods, by driver, result of the join to NVML (joined, "
+        "unidentified: their pods' triggers are UNAVAILABLE, not_a_gpu) and outcome",
+        labels=["driver", "result", "outcome"],
+    )
+    for labels, count in sorted(counts.items()):
+        family.add_metric(list(labels), count)
+    yield family
 
 
 def _source_families(snapshot: Snapshot, now: float) -> Iterator[Metric]:

@@ -111,6 +111,10 @@ class DraDevice(msgspec.Struct, frozen=True, gc=False):
     pool: str = ""
     device: str = ""
     share_id: str | None = None
+    gpu: bool = False
+    key: str | None = None
+    outcome: str = ""
+    detail: str = ""
 
 
 class Attribution(msgspec.Struct, frozen=True, gc=False):
@@ -251,6 +255,10 @@ SCHEMA: Final[dict[type[msgspec.Struct], tuple[Field, ...]]] = {
         Field(7, "pool", "string"),
         Field(8, "device", "string"),
         Field(9, "share_id", "string", optional=True),
+        Field(10, "gpu", "bool"),
+        Field(11, "key", "string", optional=True),
+        Field(12, "outcome", "string"),
+        Field(13, "detail", "string"),
     ),
 }
 """Every message of the stream: its struct and its fields, as the proto declares them."""

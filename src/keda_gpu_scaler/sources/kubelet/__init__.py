@@ -8,7 +8,12 @@ into device holders (sans-I/O), ``client`` is the one seam to the kubelet's unix
 
 from keda_gpu_scaler.sources.kubelet.client import PodResourcesFailed
 from keda_gpu_scaler.sources.kubelet.convert import holders_of
-from keda_gpu_scaler.sources.kubelet.resources import DEFAULT_RESOURCE_NAMES, ResourceNames
+from keda_gpu_scaler.sources.kubelet.resources import (
+    DEFAULT_DRA_DRIVERS,
+    DEFAULT_RESOURCE_NAMES,
+    DraDrivers,
+    ResourceNames,
+)
 from keda_gpu_scaler.sources.kubelet.sampler import (
     DEFAULT_INTERVAL_S,
     PodResourcesSampler,
@@ -16,8 +21,10 @@ from keda_gpu_scaler.sources.kubelet.sampler import (
 )
 
 __all__ = [
+    "DEFAULT_DRA_DRIVERS",
     "DEFAULT_INTERVAL_S",
     "DEFAULT_RESOURCE_NAMES",
+    "DraDrivers",
     "PodResourcesFailed",
     "PodResourcesSampler",
     "ResourceNames",

@@ -4,7 +4,8 @@ Each device id of a matching resource is one :class:`DeviceHolder`: a container 
 GPUs holds two, and a time-sliced or MPS device shared by two pods (replicas
 ``<uuid>::<n>``) has a holder in each. Devices of other resources (NICs, FPGAs, hugepages
 through a plugin) are dropped. Every device of a DRA claim is one :class:`DraDevice`,
-whatever its driver: which of them are GPUs is the reader's call.
+whatever its driver, marked ``gpu`` when its driver is a GPU driver (``--dra-drivers``);
+which NVML device each is, is the join's call (``domain.dra``).
 
 The kubelet lists pods in no particular order, so both tuples are sorted: two answers
 that list the same allocations give equal tuples.
@@ -18,19 +19,26 @@ from keda_gpu_scaler.sources.kubelet._proto.v1 import (
     ListPodResourcesResponse,
     PodResources,
 )
-from keda_gpu_scaler.sources.kubelet.resources import ResourceNames
+from keda_gpu_scaler.sources.kubelet.resources import (
+    DEFAULT_DRA_DRIVERS,
+    DraDrivers,
+    ResourceNames,
+)
 
 
 def holders_of(
-    response: ListPodResourcesResponse, names: ResourceNames
+    response: ListPodResourcesResponse,
+    names: ResourceNames,
+    drivers: DraDrivers = DEFAULT_DRA_DRIVERS,
 ) -> tuple[tuple[DeviceHolder, ...], tuple[DraDevice, ...]]:
-    """The GPU devices held (of a resource ``names`` matches) and every DRA device held."""
+    """The GPU devices held (of a resource ``names`` matches) and every DRA device held
+    (those of ``drivers`` marked as GPUs)."""
     holders: list[DeviceHolder] = []
     dra: list[DraDevice] = []
     for pod in response.pod_resources:
         for container in pod.containers:
             holders.extend(_device_holders(pod, container, names))
-            dra.extend(_dra_devices(pod, container))
+            dra.extend(_dra_devices(pod, container, drivers))
     return tuple(sorted(holders, key=_holder_order)), tuple(sorted(dra, key=_dra_order))
 
 
@@ -51,7 +59,9 @@ def _device_holders(
     ]
 
 
-def _dra_devices(pod: PodResources, container: ContainerResources) -> list[DraDevice]:
+def _dra_devices(
+    pod: PodResources, container: ContainerResources, drivers: DraDrivers
+) -> list[DraDevice]:
     return [
         DraDevice(
             namespace=pod.namespace,
@@ -63,6 +73,7 @@ def _dra_devices(pod: PodResources, container: ContainerResources) -> list[DraDe
             pool=resource.pool_name,
             device=resource.device_name,
             share_id=resource.share_id or None,
+            gpu=drivers.is_gpu_driver(resource.driver_name),
         )
         for claim in container.dynamic_resources
         for resource in claim.claim_resources

@@ -16,6 +16,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from keda_gpu_scaler.domain.names import is_object_name
+
 _WILDCARD = "*"
 
 
@@ -83,3 +85,40 @@ def _check(entry: str, position: int, text: str | None = None) -> None:
 
 DEFAULT_RESOURCE_NAMES = ResourceNames.parse("nvidia.com/gpu,nvidia.com/mig-*")
 """Whole GPUs and MIG instances of the NVIDIA device plugin, both MIG strategies."""
+
+
+@dataclass(frozen=True, slots=True)
+class DraDrivers:
+    """The DRA drivers whose devices are GPUs (``--dra-drivers``), in the order given.
+
+        >>> DraDrivers.parse("gpu.nvidia.com").is_gpu_driver("gpu.nvidia.com")
+        True
+
+    None may be given: a device of another driver is still recognised as a GPU when its
+    ResourceSlice names one NVML reports (``domain.dra``), and then it is unidentified."""
+
+    names: tuple[str, ...]
+
+    @classmethod
+    def parse(cls, text: str) -> DraDrivers:
+        """``"gpu.nvidia.com,gpu.example.com"``; whitespace around names is ignored, an empty
+        text names none. Raises ValueError naming a name that is not a driver's (a DNS
+        subdomain, as ResourceSlice's ``spec.driver``)."""
+        names = [part.strip() for part in text.split(",")] if text.strip() else []
+        for position, name in enumerate(names, start=1):
+            if not is_object_name(name):
+                raise ValueError(
+                    f"DRA driver name {name!r} (entry {position} of {text!r}) is not a DNS "
+                    "subdomain such as gpu.nvidia.com"
+                )
+        return cls(tuple(dict.fromkeys(names)))
+
+    def is_gpu_driver(self, driver: str) -> bool:
+        return driver in self.names
+
+    def __str__(self) -> str:
+        return ",".join(self.names)
+
+
+DEFAULT_DRA_DRIVERS = DraDrivers(("gpu.nvidia.com",))
+"""NVIDIA's DRA driver for GPUs (kubernetes-sigs/dra-driver-nvidia-gpu)."""

@@ -28,7 +28,12 @@ from keda_gpu_scaler.domain.samples import POD_RESOURCES_SOURCE, PodResourcesRea
 from keda_gpu_scaler.sources.cadence import every
 from keda_gpu_scaler.sources.kubelet.client import PodResourcesClient, PodResourcesFailed
 from keda_gpu_scaler.sources.kubelet.convert import holders_of
-from keda_gpu_scaler.sources.kubelet.resources import DEFAULT_RESOURCE_NAMES, ResourceNames
+from keda_gpu_scaler.sources.kubelet.resources import (
+    DEFAULT_DRA_DRIVERS,
+    DEFAULT_RESOURCE_NAMES,
+    DraDrivers,
+    ResourceNames,
+)
 
 log = logging.getLogger(__name__)
 
@@ -53,6 +58,7 @@ class PodResourcesSampler:
         *,
         interval_s: float = DEFAULT_INTERVAL_S,
         resource_names: ResourceNames = DEFAULT_RESOURCE_NAMES,
+        dra_drivers: DraDrivers = DEFAULT_DRA_DRIVERS,
         timeout_s: float | None = None,
     ) -> None:
         """``timeout_s`` bounds each call (default :func:`default_timeout_s`); it may not
@@ -75,6 +81,7 @@ class PodResourcesSampler:
         self.interval_s = interval_s
         self.timeout_s = timeout
         self.resource_names = resource_names
+        self.dra_drivers = dra_drivers
         self._client = PodResourcesClient(socket_path, timeout_s=timeout)
         self._answered_once = False
         self._failing: str | None = None
@@ -104,7 +111,7 @@ class PodResourcesSampler:
         except PodResourcesFailed as exc:
             return self._failed(exc, anyio.current_time())
         now = anyio.current_time()
-        holders, dra = holders_of(response, self.resource_names)
+        holders, dra = holders_of(response, self.resource_names, self.dra_drivers)
         self._answered(len(response.pod_resources), len(holders))
         return PodResourcesReading(
             source=self.name, taken_at=now, period_s=self.interval_s, holders=holders, dra=dra

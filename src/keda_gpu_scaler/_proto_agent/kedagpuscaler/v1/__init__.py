@@ -43,7 +43,8 @@ class Attribution(betterproto2.Message):
     """
     The kubelet PodResources API's last good answer on the agent: which container holds which
     GPU device. It changes rarely and is the largest part of an update, so it is sent once per
-    kubelet answer (every few seconds), and its lists only when they changed.
+    kubelet answer (every few seconds) and when the DRA join changes, and its lists only when
+    they changed.
     """
 
     age_s: "float" = betterproto2.field(1, betterproto2.TYPE_DOUBLE)
@@ -200,7 +201,11 @@ default_message_pool.register_message("kedagpuscaler.v1", "DeviceReading", Devic
 @dataclass(eq=False, repr=False)
 class DraDevice(betterproto2.Message):
     """
-    One device of a DRA claim allocated to a container, as the kubelet lists it.
+    One device of a DRA claim allocated to a container, as the kubelet lists it, joined by the
+    agent to the NVML device it is through its node's ResourceSlices. The cluster scaler does
+    not join again: a joined device holds its NVML device (key) as a device plugin's ID does,
+    and any other (outcome neither uuid, placement nor not_a_gpu) leaves a trigger over its pod
+    without a value.
     """
 
     namespace: "str" = betterproto2.field(1, betterproto2.TYPE_STRING)
@@ -220,6 +225,28 @@ class DraDevice(betterproto2.Message):
     device: "str" = betterproto2.field(8, betterproto2.TYPE_STRING)
 
     share_id: "str | None" = betterproto2.field(9, betterproto2.TYPE_STRING, optional=True)
+
+    gpu: "bool" = betterproto2.field(10, betterproto2.TYPE_BOOL)
+    """
+    Its driver is one of the agent's --dra-drivers: the device is a GPU.
+    """
+
+    key: "str | None" = betterproto2.field(11, betterproto2.TYPE_STRING, optional=True)
+    """
+    The agent's key (NVML UUID) of the device it was joined to; absent when not joined.
+    """
+
+    outcome: "str" = betterproto2.field(12, betterproto2.TYPE_STRING)
+    """
+    How it was joined (uuid, placement) or why not (slices_unavailable, pool_missing,
+    pool_incomplete, pool_invalid, device_missing, uuid_unknown, placement_unmatched,
+    no_identity, unknown_driver), or not_a_gpu; empty from an agent that does not join.
+    """
+
+    detail: "str" = betterproto2.field(13, betterproto2.TYPE_STRING)
+    """
+    The outcome in words.
+    """
 
 
 default_message_pool.register_message("kedagpuscaler.v1", "DraDevice", DraDevice)
