@@ -35,6 +35,7 @@ SERVE_FLAGS = {
         "/run/k.sock",
     ),
     "--pod-resources-interval": ("POD_RESOURCES_INTERVAL", "2", "pod_resources_interval", 2.0),
+    "--dra-join": ("DRA_JOIN", "0", "dra_join", False),
     "--agents-tls-ca": ("AGENTS_TLS_CA", "/x/ca.crt", "agents_tls_ca", Path("/x/ca.crt")),
     "--agents-tls-cert": ("AGENTS_TLS_CERT", "/x/tls.crt", "agents_tls_cert", Path("/x/tls.crt")),
     "--agents-tls-key": ("AGENTS_TLS_KEY", "/x/tls.key", "agents_tls_key", Path("/x/tls.key")),
@@ -69,6 +70,7 @@ def test_the_flag_table_covers_every_serve_flag() -> None:
         "--engine-idle-stop",
         "--engine-allowed-networks",
         "--gpu-resource-names",
+        "--dra-drivers",
         "--node-name",
     }
 
@@ -100,6 +102,18 @@ def test_attribution_flags_and_their_variables(monkeypatch: pytest.MonkeyPatch) 
     assert args.pod_resources_socket == ""
 
 
+def test_dra_flags_and_their_variables(monkeypatch: pytest.MonkeyPatch) -> None:
+    args = build_parser().parse_args(["serve"])
+    assert (str(args.dra_drivers), args.dra_join) == ("gpu.nvidia.com", True)
+    monkeypatch.setenv("KEDA_GPU_SCALER_DRA_DRIVERS", "gpu.nvidia.com, gpu.example.com")
+    monkeypatch.setenv("KEDA_GPU_SCALER_DRA_JOIN", "false")
+    args = build_parser().parse_args(["serve"])
+    assert args.dra_drivers.is_gpu_driver("gpu.example.com")
+    assert args.dra_join is False
+    # None at all is allowed: a GPU is then still recognised by its ResourceSlice.
+    assert build_parser().parse_args(["serve", "--dra-drivers", ""]).dra_drivers.names == ()
+
+
 @pytest.mark.parametrize(
     ("argv", "message"),
     [
@@ -107,6 +121,8 @@ def test_attribution_flags_and_their_variables(monkeypatch: pytest.MonkeyPatch) 
         (["--gpu-resource-names", "*"], "--gpu-resource-names"),
         (["--node-name", "Bad_Node"], "not a node name"),
         (["--pod-resources-interval", "0"], "--pod-resources-interval"),
+        (["--dra-drivers", "gpu.nvidia.com,GPU_X"], "'GPU_X' (entry 2"),
+        (["--dra-join", "maybe"], "--dra-join: not true or false: 'maybe'"),
     ],
 )
 def test_bad_attribution_flags_are_usage_errors(

@@ -22,6 +22,19 @@ def bounded_int(text: str, *, low: int, high: int, meaning: str) -> int:
     return int(text)
 
 
+_TRUE = frozenset({"1", "t", "T", "TRUE", "true", "True"})
+_FALSE = frozenset({"0", "f", "F", "FALSE", "false", "False"})
+
+
+def boolean(text: str) -> bool:
+    """``true`` or ``false``, in the spellings Go's ``strconv.ParseBool`` accepts."""
+    if text in _TRUE:
+        return True
+    if text in _FALSE:
+        return False
+    raise argparse.ArgumentTypeError(f"not true or false: {text!r}")
+
+
 def port(text: str) -> int:
     return bounded_int(text, low=0, high=65535, meaning="not a TCP port (0-65535)")
 

@@ -49,7 +49,7 @@ from keda_gpu_scaler.sources.replay import ReplaySampler
 
 if TYPE_CHECKING:
     from keda_gpu_scaler.sources.agents import AgentDiscovery, AgentTlsConfig
-    from keda_gpu_scaler.sources.kubelet import ResourceNames
+    from keda_gpu_scaler.sources.kubelet import DraDrivers, ResourceNames
 
 log = logging.getLogger(__name__)
 
@@ -157,27 +157,40 @@ class AttributionOptions:
     node_name: str = ""
     kubeconfig: str | None = None
     """None: ``KUBECONFIG`` or the in-cluster service account."""
+    dra_drivers: DraDrivers | None = None
+    """The DRA drivers whose devices are GPUs; None: ``gpu.nvidia.com``."""
+    dra_join: bool = True
+    """Watch this node's ResourceSlices to join DRA devices to NVML's (with the pod watch).
+    Off, a pod holding a DRA GPU makes its triggers UNAVAILABLE, never 0."""
 
 
 def build_attribution(options: AttributionOptions) -> list[Sampler]:
-    """The PodResources sampler and the pod watch, each when configured (each loads its
-    client, grpclib or kr8s, only then)."""
+    """The PodResources sampler, the pod watch and the ResourceSlice watch, each when
+    configured (each loads its client, grpclib or kr8s, only then)."""
     samplers: list[Sampler] = []
     if options.socket_path:
-        from keda_gpu_scaler.sources.kubelet import DEFAULT_RESOURCE_NAMES, PodResourcesSampler
+        from keda_gpu_scaler.sources.kubelet import (
+            DEFAULT_DRA_DRIVERS,
+            DEFAULT_RESOURCE_NAMES,
+            PodResourcesSampler,
+        )
 
-        names = options.resource_names or DEFAULT_RESOURCE_NAMES
         samplers.append(
             PodResourcesSampler(
-                options.socket_path, interval_s=options.interval_s, resource_names=names
+                options.socket_path,
+                interval_s=options.interval_s,
+                resource_names=options.resource_names or DEFAULT_RESOURCE_NAMES,
+                dra_drivers=options.dra_drivers or DEFAULT_DRA_DRIVERS,
             )
         )
     # The pods' labels serve attribution only: a node name alone (gpu-metrics, a pod with
     # attribution off keeps NODE_NAME for its name) watches nothing.
     if options.node_name and options.socket_path:
-        from keda_gpu_scaler.sources.kube import PodWatcher
+        from keda_gpu_scaler.sources.kube import PodWatcher, ResourceSliceWatcher
 
         samplers.append(PodWatcher(options.node_name, kubeconfig=options.kubeconfig))
+        if options.dra_join:
+            samplers.append(ResourceSliceWatcher(options.node_name, kubeconfig=options.kubeconfig))
     return samplers
 
 

@@ -116,6 +116,8 @@ async def _serve(args: argparse.Namespace) -> int:
                 interval_s=args.pod_resources_interval,
                 resource_names=args.gpu_resource_names,
                 node_name=args.node_name,
+                dra_drivers=args.dra_drivers,
+                dra_join=args.dra_join,
             )
         )
     tls = _tls(args)

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from keda_gpu_scaler.app import gocli
-from keda_gpu_scaler.app.argtypes import bounded_int, port
+from keda_gpu_scaler.app.argtypes import boolean, bounded_int, port
 from keda_gpu_scaler.app.logs import LEVELS
 from keda_gpu_scaler.domain.names import is_node_name
 
@@ -52,6 +52,15 @@ def _resource_names(text: str) -> object:
 
     try:
         return ResourceNames.parse(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _dra_drivers(text: str) -> object:
+    from keda_gpu_scaler.sources.kubelet import DraDrivers
+
+    try:
+        return DraDrivers.parse(text)
     except ValueError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
@@ -233,6 +242,24 @@ SERVE_FLAGS = (
         "nvidia.com/gpu,nvidia.com/mig-*",
         "comma-separated extended resource names that are GPUs; an entry ending in * is a prefix",
         _resource_names,
+    ),
+    Flag(
+        "--dra-drivers",
+        "DRA_DRIVERS",
+        "gpu.nvidia.com",
+        "comma-separated DRA drivers whose devices are GPUs, each joined to NVML through "
+        "this node's ResourceSlices (podSelector); a pod holding one that cannot be "
+        "identified makes its triggers UNAVAILABLE",
+        _dra_drivers,
+    ),
+    Flag(
+        "--dra-join",
+        "DRA_JOIN",
+        "true",
+        "watch this node's ResourceSlices (resource.k8s.io/v1) to join DRA devices to NVML, "
+        "with --node-name and --pod-resources-socket; false leaves every DRA GPU "
+        "unidentified, and triggers over its pods UNAVAILABLE",
+        boolean,
     ),
     Flag(
         "--node-name",
