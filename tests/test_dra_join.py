@@ -42,7 +42,7 @@ from keda_gpu_scaler.domain.samples import (
 from keda_gpu_scaler.domain.snapshot import EMPTY_SNAPSHOT, DeviceState, Snapshot
 from keda_gpu_scaler.domain.trigger import parse_trigger
 from keda_gpu_scaler.pipeline.state import fold
-from keda_gpu_scaler.pipeline.tap import tap_attribution
+from keda_gpu_scaler.pipeline.tap import Tap, TapFilter, tap_attribution
 from keda_gpu_scaler.serving.node_agent import UpdateBuilder
 from keda_gpu_scaler.sources.agents.codec import decode_update
 from keda_gpu_scaler.sources.agents.updates import StreamReader
@@ -566,6 +566,23 @@ def test_the_tap_shows_each_dra_device_with_its_join_and_share() -> None:
     (held,) = event["devices"]
     assert (held["key"], [h["pod"] for h in held["holders"]]) == (GPU[0], ["llm-0", "llm-1"])
     assert {h["resource"] for h in held["holders"]} == {NVIDIA}
+
+
+@pytest.mark.anyio
+async def test_the_tap_shows_the_slices_read_as_resource_slices_events() -> None:
+    reading = _slices(NODE_SLICE)
+    tap = Tap()
+    with (
+        tap.subscribe(TapFilter(source=RESOURCE_SLICES_SOURCE)) as slices,
+        tap.subscribe(TapFilter(device="0")) as gpu_0,
+    ):
+        tap.folded([reading], fold(EMPTY_SNAPSHOT, [reading], NOW))
+        tap.publish(NVML[0])  # a reading of GPU 0, which that filter is for
+        event = json.loads(await slices.__anext__())
+        assert json.loads(await gpu_0.__anext__())["type"] == "gpu"
+    assert (event["type"], event["node"]) == ("resource-slices", NODE)
+    (pool,) = event["pools"]
+    assert [d["name"] for d in pool["devices"]][:2] == ["gpu-0", "gpu-1"]
 
 
 @pytest.mark.anyio
