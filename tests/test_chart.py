@@ -267,6 +267,20 @@ def test_rbac_create_false_leaves_the_binding_to_the_installer() -> None:
     assert_pod_reader(template())
 
 
+def test_the_dra_join_reads_resourceslices_and_its_value_turns_both_off() -> None:
+    on = template()
+    assert env_of(on)["KEDA_GPU_SCALER_DRA_JOIN"]["value"] == "true"
+    (role,) = of_kind(on, "ClusterRole")
+    slices = {"apiGroups": ["resource.k8s.io"], "resources": ["resourceslices"]}
+    assert {**slices, "verbs": ["get", "list", "watch"]} in role["rules"]
+    assert not any("resourceclaims" in rule["resources"] for rule in role["rules"])
+    off = template(None, "podAttribution.draJoin=false")
+    assert env_of(off)["KEDA_GPU_SCALER_DRA_JOIN"]["value"] == "false"
+    (role,) = of_kind(off, "ClusterRole")
+    assert [rule["resources"] for rule in role["rules"]] == [["pods"]]
+    assert_attribution_on(off)
+
+
 def test_pod_reader_is_never_bound_to_the_default_account() -> None:
     stderr = refusal("--set", "serviceAccount.create=false")
     assert "needs serviceAccount.name" in stderr
@@ -298,6 +312,8 @@ def test_notes_say_what_pod_attribution_takes() -> None:
     assert SOCKET in on
     assert "uid 0 without any capability" in on
     assert f"ClusterRole {RELEASE} grants get, list and watch on pods" in on
+    assert "and on\nresourceslices (resource.k8s.io) to join GPUs allocated through DRA" in on
+    assert "resourceslices" not in notes("podAttribution.draJoin=false")
     assert "privileged-level pods" in on
     unbound = notes("rbac.create=false")
     assert f"bind ServiceAccount {RELEASE} to a role" in unbound
@@ -391,6 +407,7 @@ def test_schema_refuses_bad_values(setting: str) -> None:
         ("podAttribution.socketDir=/var//pod-resources", "an empty segment"),
         ("podAttribution.socketDir=/var/lib/kubelet/pod-resources/kubelet.sock", "the socket"),
         ("podAttribution.socketDir=", "empty"),
+        ("podAttribution.draJoin=yes", "not a boolean"),
         ("podAttribution.interval=0", "zero"),
         ("podAttribution.interval=-5", "negative"),
         ("podAttribution.interval=soon", "not a duration"),

@@ -71,6 +71,14 @@ SCALER_UID = 65532
 # pod-resources/kubelet.sock) and the only rule the pod watch needs.
 SOCKET = "/var/lib/kubelet/pod-resources/kubelet.sock"
 POD_READER_RULES = [{"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch"]}]
+SLICE_READER_RULES = [
+    {
+        "apiGroups": ["resource.k8s.io"],
+        "resources": ["resourceslices"],
+        "verbs": ["get", "list", "watch"],
+    }
+]
+"""The DRA join (podAttribution.draJoin): this node's ResourceSlices, and no ResourceClaim."""
 
 
 @cache
@@ -266,6 +274,7 @@ def assert_attribution_on(docs: tuple[Obj, ...]) -> None:
     }
     assert env["KEDA_GPU_SCALER_POD_RESOURCES_INTERVAL"]["value"]
     assert env["KEDA_GPU_SCALER_GPU_RESOURCE_NAMES"]["value"]
+    assert env["KEDA_GPU_SCALER_DRA_JOIN"]["value"] in ("true", "false")
     assert_pod_reader(docs)
 
 
@@ -288,16 +297,19 @@ def assert_attribution_off(docs: tuple[Obj, ...]) -> None:
     assert env["NODE_NAME"]["valueFrom"] == {"fieldRef": {"fieldPath": "spec.nodeName"}}
     assert "KEDA_GPU_SCALER_POD_RESOURCES_INTERVAL" not in env
     assert "KEDA_GPU_SCALER_GPU_RESOURCE_NAMES" not in env
+    assert "KEDA_GPU_SCALER_DRA_JOIN" not in env
     assert [d["kind"] for d in docs if d["kind"] in CLUSTER_SCOPED] == []
     assert of_kind(docs, "Role") == of_kind(docs, "RoleBinding") == []
 
 
 def assert_pod_reader(docs: tuple[Obj, ...]) -> None:
-    """One ClusterRole, get, list and watch on pods only, bound to the pods' account only."""
+    """One ClusterRole, get, list and watch on pods (and, with the DRA join on, on
+    resourceslices) only, bound to the pods' account only."""
     pod = daemonset_of(docs)["spec"]["template"]["spec"]
     (role,) = of_kind(docs, "ClusterRole")
     (binding,) = of_kind(docs, "ClusterRoleBinding")
-    assert role["rules"] == POD_READER_RULES
+    joins = env_of(docs)["KEDA_GPU_SCALER_DRA_JOIN"]["value"] == "true"
+    assert role["rules"] == POD_READER_RULES + (SLICE_READER_RULES if joins else [])
     assert "aggregationRule" not in role
     assert binding["roleRef"] == {
         "apiGroup": "rbac.authorization.k8s.io",
