@@ -89,13 +89,14 @@ def loop(keda: ControlPlane, gpu_nodes: list[str], tmp_path: Path) -> Iterator[L
     ):
         for name in objects:
             keda.admin.apply(deployment(name, NAMESPACE))
+        # The trace's time 0 is when the replay starts, a little after the process does.
+        started = time.monotonic()
         scaler = start_scaler(
             "keda-loop-scaler",
             [f"--source=replay:{trace}", "--pod-resources-socket="],
             logs=keda.paths.logs,
             ports=PORTS,
         )
-        started = time.monotonic()
         try:
             for obj in objects.values():
                 keda.admin.apply(obj)
