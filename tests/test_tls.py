@@ -43,6 +43,7 @@ from keda_gpu_scaler.serving.tls import (
 )
 from keda_gpu_scaler.sources.fake import FakeGpuSource
 from tests.grpcio_client import GrpcioModules, ref
+from tests.waiting import wait_until
 
 HOST = "127.0.0.1"
 SERVICE_NAMES = ("keda-gpu-scaler.ns", "keda-gpu-scaler.ns.svc", "localhost")
@@ -400,7 +401,10 @@ async def test_a_rejected_handshake_is_logged_with_its_reason_once_a_minute(
 
     def attempt(port: int) -> None:
         if client == "plaintext":
-            with grpc.insecure_channel(f"{HOST}:{port}") as channel:
+            # A subchannel of its own: grpcio would otherwise reuse one connection (and its
+            # one refusal) for every channel to the same address.
+            options = [("grpc.use_local_subchannel_pool", 1)]
+            with grpc.insecure_channel(f"{HOST}:{port}", options=options) as channel:
                 stub = grpcio_modules.pb2_grpc.ExternalScalerStub(channel)
                 call: Callable[[], Any] = partial(
                     stub.IsActive, ref(grpcio_modules, TRIGGER), timeout=5
@@ -416,11 +420,14 @@ async def test_a_rejected_handshake_is_logged_with_its_reason_once_a_minute(
     async with _serving(fake_gpus, tls) as port:
         for _ in range(3):
             await anyio.to_thread.run_sync(attempt, port)
+        # The clients give up before the server has logged the refusals it answers them with.
+        await wait_until(lambda: sum(tls.handshake_failures.unlogged().values()) >= 2)
         [logged] = _rejections(caplog)  # three refusals, one line: the same reason within a minute
         # Each refusal was counted: once the interval is over, the next line says how many
         # went unlogged in between.
         tls.handshake_failures.interval_s = 0.0
         await anyio.to_thread.run_sync(attempt, port)
+        await wait_until(lambda: len(_rejections(caplog)) > 1)
     assert logged.levelno == logging.WARNING
     assert reason in logged.__dict__["reason"]
     later = _rejections(caplog)[1]

@@ -161,6 +161,10 @@ class HandshakeFailureLog:
         self._logged_at: dict[str, float] = {}
         self._unlogged: dict[str, int] = {}
 
+    def unlogged(self) -> dict[str, int]:
+        """Refusals counted since their reason was last logged, by reason."""
+        return dict(self._unlogged)
+
     def record(self, exc: ssl.SSLError) -> None:
         reason = handshake_reason(exc)
         now = self._clock()
