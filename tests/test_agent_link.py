@@ -813,12 +813,17 @@ def test_the_client_context_speaks_h2_from_tls_1_2_and_checks_the_agent(
         ({"server_name": "x"}, "--agents-tls-server-name needs TLS"),
         ({"ca_file": "missing"}, "--agents-tls-ca {missing}: not found"),
         ({"ca_file": "empty"}, "--agents-tls-ca {empty}: the file is empty"),
-        ({"ca_file": "junk"}, "--agents-tls-ca {junk}: no PEM certificate in it"),
+        ({"ca_file": "junk"}, "--agents-tls-ca {junk}: not PEM (no -----BEGIN line in it)"),
+        ({"ca_file": "key"}, "--agents-tls-ca {key}: no PEM certificate in it"),
+        ({"ca_file": "der"}, "--agents-tls-ca {der}: DER (binary), not PEM: convert it"),
+        ({"cert_file": "der", "key_file": "key"}, "--agents-tls-cert {der}: DER (binary), not"),
+        ({"cert_file": "cert", "key_file": "der"}, "--agents-tls-key {der}: DER (binary), not"),
         (
             {"cert_file": "cert", "key_file": "other_key"},
             "--agents-tls-key {other_key} does not match",
         ),
-        ({"cert_file": "cert", "key_file": "junk"}, "no usable PEM certificate chain"),
+        ({"cert_file": "cert", "key_file": "junk"}, "--agents-tls-key {junk}: not PEM"),
+        ({"cert_file": "key", "key_file": "key"}, "no usable PEM certificate chain"),
         ({"ca_file": "directory"}, "--agents-tls-ca {directory}: is a directory, not a file"),
         (
             {"cert_file": "cert", "key_file": "encrypted"},
@@ -838,7 +843,9 @@ def test_bad_agent_tls_settings_name_the_flag_and_the_file(
         "junk": tmp_path / "junk.pem",
         "directory": tmp_path,
         "encrypted": tmp_path / "encrypted.key",
+        "der": tmp_path / "cert.der",
     }
+    paths["der"].write_bytes(ssl.PEM_cert_to_DER_cert(paths["cert"].read_text()))
     paths["empty"].write_text("")
     paths["junk"].write_text("not a certificate\n")
     paths["encrypted"].write_bytes(_encrypted(agent_pki.cluster.key_file.read_bytes()))

@@ -7,6 +7,7 @@ no test sends a packet off the machine: the unresolvable host is under the reser
 
 from __future__ import annotations
 
+import datetime
 import gzip
 import json
 import os
@@ -19,6 +20,10 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import NameOID
 
 from keda_gpu_scaler.app import cli, serve
 
@@ -179,6 +184,61 @@ def test_a_trace_that_is_not_text_is_one_line_and_exit_2(
     else:
         result = _run_gpu_metrics("--source", f"replay:{trace}")
     assert f"{trace}: {message}" in _one_line(result)
+
+
+def _tls_files(out: Path) -> dict[str, Path]:
+    """A self-signed certificate and its key, each in PEM and in DER."""
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "keda-gpu-scaler")])
+    now = datetime.datetime.now(datetime.UTC)
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(name)
+        .issuer_name(name)
+        .public_key(key.public_key())
+        .serial_number(1)
+        .not_valid_before(now)
+        .not_valid_after(now + datetime.timedelta(days=1))
+        .sign(key, hashes.SHA256())
+    )
+    pkcs8, plain = serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+    blobs = {
+        "cert.pem": cert.public_bytes(serialization.Encoding.PEM),
+        "cert.der": cert.public_bytes(serialization.Encoding.DER),
+        "key.pem": key.private_bytes(serialization.Encoding.PEM, pkcs8, plain),
+        "key.der": key.private_bytes(serialization.Encoding.DER, pkcs8, plain),
+    }
+    for file_name, blob in blobs.items():
+        (out / file_name).write_bytes(blob)
+    return {file_name: out / file_name for file_name in blobs}
+
+
+SERVE_TLS = ("serve", "--source", "replay", "--host", "127.0.0.1", *FREE_PORTS)
+CLUSTER_TLS = ("serve", "--source", "agents", "--agents", "static:127.0.0.1:1", *FREE_PORTS)
+DER_GIVEN = [  # (command, flags: file names, the DER one's flag)
+    (SERVE_TLS, {"--tls-cert": "cert.der", "--tls-key": "key.pem"}, "TLS certificate"),
+    (SERVE_TLS, {"--tls-cert": "cert.pem", "--tls-key": "key.der"}, "TLS private key"),
+    (
+        SERVE_TLS,
+        {"--tls-cert": "cert.pem", "--tls-key": "key.pem", "--tls-client-ca": "cert.der"},
+        "TLS client CA",
+    ),
+    (CLUSTER_TLS, {"--agents-tls-ca": "cert.der"}, "--agents-tls-ca"),
+    (CLUSTER_TLS, {"--agents-tls-cert": "cert.der", "--agents-tls-key": "key.pem"}, None),
+    (CLUSTER_TLS, {"--agents-tls-cert": "cert.pem", "--agents-tls-key": "key.der"}, None),
+]
+
+
+@pytest.mark.parametrize(("command", "flags", "what"), DER_GIVEN)
+def test_a_der_file_given_for_pem_is_one_line_and_exit_2(
+    tmp_path: Path, command: tuple[str, ...], flags: dict[str, str], what: str | None
+) -> None:
+    files = _tls_files(tmp_path)
+    args = [x for flag, file_name in flags.items() for x in (flag, str(files[file_name]))]
+    line = _one_line(_scaler(*command, *args))
+    (der_flag,) = [flag for flag, file_name in flags.items() if file_name.endswith(".der")]
+    der = files[flags[der_flag]]
+    assert f"{what or der_flag} {der}: DER (binary), not PEM: convert it with openssl" in line
 
 
 @pytest.mark.parametrize("address", ["127.0.0.1:70000", "127.0.0.1", "::1:9090", "host:0"])

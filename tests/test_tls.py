@@ -617,6 +617,13 @@ BAD_CONTENT: dict[str, Callable[[Pki], bytes]] = {
     "another-key": lambda p: p.rotated.key_pem,
     "encrypted": lambda p: _encrypted(p.server.key_pem),
     "not-base64": lambda p: b"-----BEGIN CERTIFICATE-----\nnot base64\n",
+    "der-certificate": lambda p: p.server.der,
+    "der-key": lambda p: serialization.load_pem_private_key(p.server.key_pem, None).private_bytes(
+        serialization.Encoding.DER,
+        serialization.PrivateFormat.PKCS8,
+        serialization.NoEncryption(),
+    ),
+    "binary": lambda p: bytes(range(256)),
 }
 
 BAD_CONFIGS = [  # (file, damage, message)
@@ -630,6 +637,10 @@ BAD_CONFIGS = [  # (file, damage, message)
     ("key", "another-key", "TLS private key {key}: does not match the certificate {cert}"),
     ("key", "encrypted", "TLS private key {key}: encrypted; give an unencrypted key"),
     ("ca", "not-base64", "TLS client CA {ca}: no valid PEM certificate in it"),
+    ("cert", "der-certificate", "TLS certificate {cert}: DER (binary), not PEM: convert it"),
+    ("key", "der-key", "TLS private key {key}: DER (binary), not PEM: convert it"),
+    ("ca", "der-certificate", "TLS client CA {ca}: DER (binary), not PEM: convert it"),
+    ("ca", "binary", "TLS client CA {ca}: not PEM (no -----BEGIN line in it)"),
 ]
 
 

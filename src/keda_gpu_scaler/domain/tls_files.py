@@ -15,7 +15,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TypeVar
 
-__all__ = ["file_error", "read_pem", "refuse_password", "ssl_reason"]
+__all__ = ["file_error", "pem_text", "read_pem", "refuse_password", "ssl_reason"]
 
 E = TypeVar("E", bound=Exception)
 
@@ -30,6 +30,11 @@ _OS_PROBLEMS = {
 # "[SSL] PEM lib (_ssl.c:3926)" → "PEM lib"
 _SSL_NOISE = re.compile(r"^\[\w+\] |:? ?\(_ssl\.c:\d+\)$")
 
+# Every PEM block starts with this; DER (binary ASN.1) and other formats never contain it.
+_PEM_BEGIN = b"-----BEGIN "
+# A DER certificate or key is one ASN.1 SEQUENCE: its first byte is 0x30.
+_DER_SEQUENCE = 0x30
+
 
 def file_error(path: Path, what: str, exc: OSError, error: type[E]) -> E:
     """``error`` saying why ``path`` could not be read."""
@@ -38,14 +43,33 @@ def file_error(path: Path, what: str, exc: OSError, error: type[E]) -> E:
 
 
 def read_pem(path: Path, what: str, error: type[E]) -> bytes:
-    """The bytes of ``path``; raises ``error`` if it cannot be read or holds nothing."""
+    """The bytes of ``path``; raises ``error`` if it cannot be read, holds nothing, or is
+    not PEM text (DER, a PKCS#12 bundle, any binary file) at all."""
     try:
         data = path.read_bytes()
     except OSError as exc:
         raise file_error(path, what, exc, error) from exc
     if not data.strip():
         raise error(f"{what} {path}: the file is empty")
+    if _PEM_BEGIN not in data:
+        raise error(f"{what} {path}: {_not_pem(data)}")
     return data
+
+
+def pem_text(data: bytes) -> str:
+    """``data`` (which :func:`read_pem` accepted) as the ASCII text OpenSSL's ``cadata``
+    takes: bytes outside ASCII (a comment's accents, binary junk around the blocks) cannot
+    be part of a PEM block, so dropping them changes no block."""
+    return data.decode("ascii", errors="ignore")
+
+
+def _not_pem(data: bytes) -> str:
+    if data[0] == _DER_SEQUENCE:
+        return (
+            "DER (binary), not PEM: convert it with openssl "
+            "(x509 -inform der for a certificate, pkey -inform der for a key)"
+        )
+    return "not PEM (no -----BEGIN line in it)"
 
 
 def refuse_password(message: str, error: type[Exception]) -> Callable[[], str]:

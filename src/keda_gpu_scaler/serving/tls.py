@@ -32,7 +32,13 @@ import anyio
 from anyio.abc import TaskStatus
 
 from keda_gpu_scaler.domain.errors import ScalerError
-from keda_gpu_scaler.domain.tls_files import file_error, read_pem, refuse_password, ssl_reason
+from keda_gpu_scaler.domain.tls_files import (
+    file_error,
+    pem_text,
+    read_pem,
+    refuse_password,
+    ssl_reason,
+)
 
 log = logging.getLogger(__name__)
 
@@ -268,7 +274,7 @@ def _load_client_ca(context: SSLContext, ca_file: Path) -> None:
 
 def _check_certificates(path: Path, what: str) -> None:
     """Parse the PEM certificates in ``path``, so that a bad file is named as such."""
-    pem = read_pem(path, f"TLS {what}", TlsConfigError).decode("ascii", errors="replace")
+    pem = pem_text(read_pem(path, f"TLS {what}", TlsConfigError))
     try:
         SSLContext(PROTOCOL_TLS_CLIENT).load_verify_locations(cadata=pem)
     except ssl.SSLError as exc:
