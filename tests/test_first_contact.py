@@ -266,7 +266,8 @@ def test_gpu_metrics_into_a_closed_pipe_ends_quietly() -> None:
 # Moments after the command's own code starts (before, Python is still starting and finding
 # the module to run, which no code of ours can guard): the command's imports, the source,
 # binding, and serving, where SIGINT is the ordinary request to stop (status 0).
-INTERRUPT_AFTER_S = (0.0, 0.01, 0.03, 0.06, 0.1, 0.15, 0.2, 0.3, 0.45, 0.7, 1.0, 1.5)
+INTERRUPT_AFTER_S = (0.0, 0.01, 0.03, 0.06, 0.1, 0.15, 0.2, 0.25, 0.3, 0.35, 0.4, 0.45, 0.5)
+INTERRUPT_AFTER_S += (0.55, 0.6, 0.7, 0.85, 1.0, 1.5)
 
 
 @pytest.mark.parametrize("delay_s", INTERRUPT_AFTER_S)

@@ -4,6 +4,13 @@ It checks the flags that only make sense together (the TLS files, the ports, a c
 scaler's agents), builds the source and the samplers, opens the scaler and serves until
 SIGTERM or SIGINT. Errors name the flag, or the variable its value came from
 (:func:`keda_gpu_scaler.app.serve_flags.named`).
+
+Signals are never lost, whenever they come. From the first line of :func:`run_serve`, SIGINT
+only sets a flag (so asyncio's own SIGINT handling, which cancels the main task and relies on
+nothing swallowing that cancellation, is never installed), until anyio's signal receiver
+takes over; from then on one task reads every signal. A signal while the scaler starts
+abandons start-up and ends quietly, 130 for SIGINT (128 + the signal's number for any
+other); once it serves, SIGINT and SIGTERM stop it cleanly, with 0.
 """
 
 from __future__ import annotations
@@ -11,15 +18,21 @@ from __future__ import annotations
 import argparse
 import logging
 import signal
+from collections.abc import Iterator
+from contextlib import contextmanager
 from functools import partial
+from types import FrameType
 from typing import TYPE_CHECKING
 
 import anyio
+from anyio import CancelScope
 
 from keda_gpu_scaler.app.listen import ListenError, check_listen
 from keda_gpu_scaler.app.serve_flags import named
 
 if TYPE_CHECKING:
+    from collections.abc import AsyncIterator
+
     from keda_gpu_scaler.pipeline.podnamespaces import PodNamespaces
     from keda_gpu_scaler.pipeline.supervisor import Sampler
     from keda_gpu_scaler.serving.tls import ReloadingTlsContext
@@ -28,8 +41,50 @@ log = logging.getLogger("keda_gpu_scaler")
 
 
 def run_serve(args: argparse.Namespace) -> int:
-    """Serve until a signal; the exit status (0)."""
-    return anyio.run(_serve, args, backend="asyncio")
+    """Serve until a signal; the exit status: 0 once served, 128 + the signal's number for a
+    signal while starting (130 for SIGINT)."""
+    with _held_interrupt() as held:
+        return anyio.run(_serve, args, held, backend="asyncio")
+
+
+class _Held:
+    """The signal that came while only a flag could record it."""
+
+    signum: int | None = None
+
+
+@contextmanager
+def _held_interrupt() -> Iterator[_Held]:
+    held = _Held()
+
+    def hold(signum: int, frame: FrameType | None) -> None:
+        held.signum = signum
+
+    previous = signal.signal(signal.SIGINT, hold)
+    try:
+        yield held
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+class _Lifecycle:
+    """Starting, then serving: what a signal means depends on which (one task reads them)."""
+
+    def __init__(self, starting: CancelScope) -> None:
+        self._starting = starting
+        self.serving = False
+        self.stop = anyio.Event()
+        self.signal_while_starting: int | None = None
+
+    async def watch(self, signals: AsyncIterator[int]) -> None:
+        async for signum in signals:
+            if not self.serving:
+                self.signal_while_starting = signum
+                self._starting.cancel()
+                return
+            log.info("shutting down", extra={"signal": signal.Signals(signum).name})
+            self.stop.set()
+            return
 
 
 def _tls(args: argparse.Namespace) -> ReloadingTlsContext | None:
@@ -94,7 +149,7 @@ def _cluster_sources(
     return source, build_cluster_pods(namespaces), namespaces
 
 
-async def _serve(args: argparse.Namespace) -> int:
+async def _serve(args: argparse.Namespace, held: _Held) -> int:
     from keda_gpu_scaler.app.compose import (
         AttributionOptions,
         EngineOptions,
@@ -123,8 +178,12 @@ async def _serve(args: argparse.Namespace) -> int:
     tls = _tls(args)
     check_listen(named(args, "--host"), args.host, _listeners(args))
     with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
-        async with (
-            open_scaler(
+        if held.signum is not None:  # before the receiver took over: while starting
+            return 128 + held.signum
+        async with anyio.create_task_group() as tg:
+            lifecycle = _Lifecycle(tg.cancel_scope)
+            tg.start_soon(lifecycle.watch, signals)
+            async with open_scaler(
                 source,
                 samplers=attribution,
                 node_name=args.node_name,
@@ -141,26 +200,25 @@ async def _serve(args: argparse.Namespace) -> int:
                     idle_stop_s=args.engine_idle_stop,
                     policy=ScrapePolicy(allowed_networks=args.engine_allowed_networks),
                 ),
-            ) as running,
-            anyio.create_task_group() as tg,
-        ):
-            if tls is not None:
-                tg.start_soon(partial(tls.watch, interval_s=args.tls_reload_interval))
-            log.info(
-                "serving",
-                extra={
-                    "host": args.host,
-                    "port": running.port,
-                    "metrics_port": running.metrics_port,
-                    "probe_port": running.probe_port,
-                    "source": source.name,
-                    "tls": "off" if tls is None else "mtls" if args.tls_client_ca else "tls",
-                },
-            )
-            tune_garbage_collector()
-            async for signum in signals:
-                log.info("shutting down", extra={"signal": signal.Signals(signum).name})
-                break
+            ) as running:
+                if tls is not None:
+                    tg.start_soon(partial(tls.watch, interval_s=args.tls_reload_interval))
+                lifecycle.serving = True
+                log.info(
+                    "serving",
+                    extra={
+                        "host": args.host,
+                        "port": running.port,
+                        "metrics_port": running.metrics_port,
+                        "probe_port": running.probe_port,
+                        "source": source.name,
+                        "tls": "off" if tls is None else "mtls" if args.tls_client_ca else "tls",
+                    },
+                )
+                tune_garbage_collector()
+                await lifecycle.stop.wait()
             tg.cancel_scope.cancel()
+    if lifecycle.signal_while_starting is not None:
+        return 128 + lifecycle.signal_while_starting
     log.info("stopped")
     return 0
