@@ -42,9 +42,10 @@ from keda_gpu_scaler.domain.samples import (
     GpuReading,
     PodResourcesReading,
     Sample,
+    SourceStopped,
 )
 from keda_gpu_scaler.domain.samples import SourceFault as Fault
-from keda_gpu_scaler.domain.snapshot import stale_limit_s
+from keda_gpu_scaler.domain.snapshot import EMPTY_SNAPSHOT, stale_limit_s
 from keda_gpu_scaler.pipeline.hub import SnapshotHub
 from keda_gpu_scaler.pipeline.state import fold
 from keda_gpu_scaler.serving.tls import ReloadingTlsContext, TlsConfig
@@ -206,6 +207,36 @@ def test_lost_devices_faults_and_attribution_become_their_samples() -> None:
     repeated, _ = _receive(reader, again, 105.0)
     assert isinstance(repeated, PodResourcesReading)
     assert repeated.holders == attribution.holders and repeated.taken_at == 104.9
+
+
+def test_a_fault_of_the_agents_pod_watch_is_its_own_source_not_its_readings() -> None:
+    """An agent whose pod watch faults while its GPUs are read is not down: ``source_up``
+    (a source's ``fault``) stays 1 for ``agent/<node>``, and the fault has its own series
+    until the agent stops reporting it."""
+    reader = _identified()
+    watch_fault = SourceFault(source="pods", reason="403 Forbidden", age_s=1.0)
+    snapshot = fold(
+        EMPTY_SNAPSHOT, _receive(reader, _readings(_device(), faults=[watch_fault]), 10.0), 10.0
+    )
+    readings, watch = (
+        snapshot.sources["agent/gpu-node-1"],
+        snapshot.sources["agent/gpu-node-1/pods"],
+    )
+    assert readings.fault is None
+    assert watch.fault == "pods on node gpu-node-1: 403 Forbidden"
+    snapshot = fold(
+        snapshot, _receive(reader, _readings(_device(), faults=[watch_fault]), 11.0), 11.0
+    )
+    assert snapshot.sources["agent/gpu-node-1/pods"].fault is not None  # still reported
+    snapshot = fold(snapshot, _receive(reader, _readings(_device()), 12.0), 12.0)
+    assert "agent/gpu-node-1/pods" not in snapshot.sources  # the agent's watch works again
+    assert snapshot.sources["agent/gpu-node-1"].fault is None
+    # The node forgotten (its agent gone): its own series go with it.
+    snapshot = fold(
+        snapshot, _receive(reader, _readings(_device(), faults=[watch_fault]), 13.0), 13.0
+    )
+    snapshot = fold(snapshot, [SourceStopped(source="agent/gpu-node-1")], 14.0)
+    assert not [name for name in snapshot.sources if name.startswith("agent/gpu-node-1")]
 
 
 def test_heartbeats_and_an_empty_node_are_not_garbage() -> None:

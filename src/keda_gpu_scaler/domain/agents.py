@@ -27,7 +27,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 
-from keda_gpu_scaler.domain.samples import POD_RESOURCES_SOURCE, AgentTarget
+from keda_gpu_scaler.domain.samples import POD_RESOURCES_SOURCE, PODS_SOURCE, AgentTarget
 
 FORGET_AFTER_S = 300.0
 """How long a node only the links knew stays missing after its agent was last heard."""
@@ -44,12 +44,29 @@ def attribution_source(node: str) -> str:
     return f"{_READINGS_PREFIX}{node}/{POD_RESOURCES_SOURCE}"
 
 
+_OWN_SERIES = (POD_RESOURCES_SOURCE, PODS_SOURCE)
+"""A node agent's sources whose faults count apart from its readings on a cluster scaler."""
+
+
+def fault_source(node: str, source: str) -> str:
+    """Where a node agent's fault of its own ``source`` counts on a cluster scaler.
+
+    Its GPU source's faults are its readings' (``agent/<node>``: the node's GPUs are not
+    read); those of its kubelet attribution and of its pod watch have a series of their own
+    (``agent/<node>/pod-resources``, ``agent/<node>/pods``), so that a fault there never
+    says that fresh readings are down.
+    """
+    return f"{_READINGS_PREFIX}{node}/{source}" if source in _OWN_SERIES else readings_source(node)
+
+
 def node_of_source(source: str) -> str | None:
-    """The node of :func:`readings_source` or :func:`attribution_source`; None for another
+    """The node of :func:`readings_source` or :func:`fault_source`; None for another
     source."""
     if not source.startswith(_READINGS_PREFIX):
         return None
-    node = source.removeprefix(_READINGS_PREFIX).removesuffix(f"/{POD_RESOURCES_SOURCE}")
+    node = source.removeprefix(_READINGS_PREFIX)
+    for own in _OWN_SERIES:
+        node = node.removesuffix(f"/{own}")
     return node or None
 
 

@@ -65,7 +65,9 @@ def fold(
             _count_cycle(sources, item.source)
     for sample in unbatch(samples):
         if isinstance(sample, SourceStopped):
-            sources.pop(sample.source, None)
+            # A node agent's link takes its node's own series (agent/<node>/pods, ...) along.
+            for name in [n for n in sources if _under(n, sample)]:
+                del sources[name]
             engines.pop(sample.source, None)
             engine_history.pop(sample.source, None)
             if pods is not None and pods.source == sample.source:

@@ -15,7 +15,9 @@ Clocks: a reading's ``taken_at`` is the receipt time minus the age the agent sen
 cluster's clock, so an agent whose clock is hours off is read as fresh as it is.
 
 Names: readings are published as ``agent/<node>`` with keys ``<node>/<agent's key>``; the
-attribution as ``agent/<node>/pod-resources``, and the agent's PodResources faults with it.
+attribution as ``agent/<node>/pod-resources``, and the agent's PodResources faults with it;
+the faults of the agent's pod watch as ``agent/<node>/pods``, a source that lasts while the
+agent reports the fault (a :class:`SourceStopped` ends it when the agent no longer does).
 """
 
 from __future__ import annotations
@@ -28,11 +30,11 @@ from typing import TypeVar
 
 from msgspec.structs import astuple
 
-from keda_gpu_scaler.domain.agents import attribution_source, readings_source
+from keda_gpu_scaler.domain.agents import attribution_source, fault_source, readings_source
 from keda_gpu_scaler.domain.errors import SourceFailure
 from keda_gpu_scaler.domain.samples import (
     FLOAT_READINGS,
-    POD_RESOURCES_SOURCE,
+    PODS_SOURCE,
     Batch,
     DeviceHolder,
     DeviceKey,
@@ -40,6 +42,7 @@ from keda_gpu_scaler.domain.samples import (
     GpuReading,
     PodResourcesReading,
     SourceFault,
+    SourceStopped,
 )
 from keda_gpu_scaler.sources.agents import messages
 
@@ -73,10 +76,12 @@ class StreamReader:
     """How often at least the agent promises a message, once its identity came."""
     agent_version: str = ""
     _lists: tuple[tuple[DeviceHolder, ...], tuple[DraDevice, ...]] | None = None
+    _pods_faulted: bool = False
+    """Whether the last readings reported a fault of the agent's pod watch."""
 
     def receive(
         self, update: messages.NodeUpdate, received_at: float
-    ) -> tuple[PodResourcesReading | Batch, ...]:
+    ) -> tuple[PodResourcesReading | Batch | SourceStopped, ...]:
         """The samples ``update`` stands for (none for an identity or a heartbeat)."""
         kinds = [
             kind
@@ -117,7 +122,7 @@ class StreamReader:
 
     def _samples(
         self, node: str, readings: messages.NodeReadings, received_at: float
-    ) -> tuple[PodResourcesReading | Batch, ...]:
+    ) -> tuple[PodResourcesReading | Batch | SourceStopped, ...]:
         source = readings_source(node)
         samples: list[GpuReading | SourceFault] = []
         seen: set[str] = set()
@@ -137,21 +142,26 @@ class StreamReader:
                 )
             )
         attribution_faults: list[SourceFault | GpuReading] = []
+        pods_faulted = False
         for fault in readings.faults:
-            own = fault.source == POD_RESOURCES_SOURCE
-            kept = attribution_faults if own else samples
+            own = fault_source(node, fault.source)
+            pods_faulted |= fault.source == PODS_SOURCE
+            kept = samples if own == source else attribution_faults
             kept.append(
                 SourceFault(
-                    source=attribution_source(node) if own else source,
+                    source=own,
                     key=None,
                     at=received_at - _age(fault.age_s, "a fault's age_s"),
                     reason=f"{fault.source} on node {node}: {fault.reason}",
                 )
             )
-        out: list[PodResourcesReading | Batch] = []
+        out: list[PodResourcesReading | Batch | SourceStopped] = []
         if readings.attribution is not None:
             out.append(self._attribution(node, readings.attribution, received_at))
         out.append(Batch(source=source, samples=(*samples, *attribution_faults)))
+        if self._pods_faulted and not pods_faulted:
+            out.append(SourceStopped(source=fault_source(node, PODS_SOURCE)))
+        self._pods_faulted = pods_faulted
         return tuple(out)
 
     def _attribution(
