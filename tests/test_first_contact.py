@@ -302,6 +302,20 @@ def test_ctrl_c_at_any_moment_of_start_up_ends_quietly(delay_s: float) -> None:
         assert said == []
 
 
+def test_outside_kubernetes_serve_says_nothing_of_pod_attribution_but_that_it_is_off() -> None:
+    command = [sys.executable, "-m", "keda_gpu_scaler", "serve", *SERVE_TLS[1:]]
+    with subprocess.Popen(
+        command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=_clean_env()
+    ) as process:
+        assert process.stderr is not None
+        said = [json.loads(process.stderr.readline())]
+        process.send_signal(signal.SIGINT)
+        said += [json.loads(line) for line in process.stderr]
+        assert process.wait(timeout=20) == 0
+    assert [line["event"] for line in said] == ["serving", "shutting down", "stopped"]
+    assert said[0]["pod_attribution"] == "not configured"
+
+
 def test_gpu_metrics_count_without_interval_samples_at_the_default_interval() -> None:
     result = _run_gpu_metrics("--source", "replay", "--format", "jsonl", "--count", "2")
     assert result.returncode == 0, result.stderr

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import argparse
 import json
+from pathlib import Path
 
 import httpx
 import pytest
@@ -12,7 +14,9 @@ from grpclib.health.v1.health_grpc import HealthStub
 from grpclib.health.v1.health_pb2 import HealthCheckRequest, HealthCheckResponse
 from prometheus_client.parser import text_string_to_metric_families
 
+from keda_gpu_scaler.app.cli import build_parser
 from keda_gpu_scaler.app.compose import RunningScaler
+from keda_gpu_scaler.app.serve_flags import pod_resources_socket
 from keda_gpu_scaler.domain.snapshot import EMPTY_SNAPSHOT
 from keda_gpu_scaler.serving._proto.externalscaler import (
     ExternalScalerStub,
@@ -20,6 +24,7 @@ from keda_gpu_scaler.serving._proto.externalscaler import (
     ScaledObjectRef,
 )
 from keda_gpu_scaler.sources.fake import FakeGpuSource
+from keda_gpu_scaler.sources.kubelet import PodResourcesSampler
 from tests.loopback import loopback_scaler
 from tests.waiting import wait_until
 
@@ -215,3 +220,59 @@ async def test_cycle_duration_and_tap_series_move() -> None:
     subscription.close()
     assert series("keda_gpu_scaler_tap_subscribers") == 0
     assert series("keda_gpu_scaler_tap_dropped_events") == 2  # losses stay counted
+
+
+# --- pod attribution not configured ---------------------------------------------------------
+
+
+def _serve_args(*argv: str) -> argparse.Namespace:
+    return build_parser().parse_args(["serve", *argv])
+
+
+@pytest.mark.parametrize(
+    ("argv", "socket_exists", "in_a_pod", "read"),
+    [
+        ((), False, False, False),  # outside Kubernetes: not configured
+        ((), True, False, True),  # a kubelet on this machine
+        ((), False, True, True),  # a pod without the directory mounted: a mistake, reported
+        (("--pod-resources-socket", "{socket}"), False, False, True),  # given: always read
+        (("--pod-resources-socket", ""), True, True, False),  # off
+    ],
+)
+def test_pod_attribution_outside_kubernetes_is_not_configured(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    argv: tuple[str, ...],
+    socket_exists: bool,
+    in_a_pod: bool,
+    read: bool,
+) -> None:
+    monkeypatch.delenv("KEDA_GPU_SCALER_POD_RESOURCES_SOCKET", raising=False)
+    socket, account = tmp_path / "kubelet.sock", tmp_path / "serviceaccount"
+    if socket_exists:
+        socket.touch()
+    if in_a_pod:
+        account.mkdir()
+    args = _serve_args(*(a.format(socket=socket) for a in argv))
+    if not argv:  # the default path, here in tmp_path
+        args.pod_resources_socket = str(socket)
+    chosen = pod_resources_socket(args, account_dir=str(account))
+    assert chosen == (str(socket) if read else "")
+
+
+async def test_without_attribution_pod_resources_is_no_source_and_says_not_configured(
+    fake_gpus: FakeGpuSource,
+) -> None:
+    async with loopback_scaler(fake_gpus, samplers=[]) as scaler:
+        samples = await _metrics(scaler)
+    assert _value(samples, "keda_gpu_scaler_pod_attribution_configured") == 0
+    assert _value(samples, "keda_gpu_scaler_source_up", source="pod-resources") is None
+    assert _value(samples, "keda_gpu_scaler_source_up", source="fake") == 1
+
+
+async def test_with_attribution_the_configured_series_says_so(fake_gpus: FakeGpuSource) -> None:
+    # No socket there, as in a pod without the directory mounted: configured, and failing.
+    sampler = PodResourcesSampler("/nonexistent/kubelet.sock", interval_s=5.0)
+    async with loopback_scaler(fake_gpus, samplers=[sampler]) as scaler:
+        samples = await _metrics(scaler)
+    assert _value(samples, "keda_gpu_scaler_pod_attribution_configured") == 1

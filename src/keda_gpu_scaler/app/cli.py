@@ -35,6 +35,7 @@ class _Parser(argparse.ArgumentParser):
         parsed, rest = super().parse_known_args(args, namespace)
         if self.serve is not None and getattr(parsed, "command", None) == "serve":
             parsed.from_environment = {}
+            parsed.defaulted = set()
             for flag in SERVE_FLAGS:
                 flag.fill(parsed, self.serve)
         return parsed, rest

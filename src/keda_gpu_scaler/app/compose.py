@@ -20,7 +20,7 @@ from anyio.streams.memory import MemoryObjectSendStream
 
 from keda_gpu_scaler.domain.engines import EngineTarget
 from keda_gpu_scaler.domain.errors import SourceUnavailable
-from keda_gpu_scaler.domain.samples import AgentsReading, Sample
+from keda_gpu_scaler.domain.samples import POD_RESOURCES_SOURCE, AgentsReading, Sample
 from keda_gpu_scaler.pipeline.agents import AgentLinkFactory, AgentLinks
 from keda_gpu_scaler.pipeline.aggregator import Aggregator, FoldObserver
 from keda_gpu_scaler.pipeline.engines import EngineSubscriptions
@@ -330,6 +330,9 @@ async def open_scaler(
             lambda: hub.current,
             lambda: streams.open_streams,
             agent_streams=None if node_agent is None else (lambda: node_agent.open_streams),
+            pod_attribution=None
+            if cluster
+            else any(s.name == POD_RESOURCES_SOURCE for s in samplers),
         )
         readiness = Readiness(hub)
         health = grpc_health(service, readiness, interval_s=health_check_interval_s)

@@ -28,7 +28,7 @@ import anyio
 from anyio import CancelScope
 
 from keda_gpu_scaler.app.listen import ListenError, check_listen
-from keda_gpu_scaler.app.serve_flags import named
+from keda_gpu_scaler.app.serve_flags import named, pod_resources_socket
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator
@@ -163,11 +163,14 @@ async def _serve(args: argparse.Namespace, held: _Held) -> int:
     pod_namespaces = None
     if args.source == "agents":
         source, attribution, pod_namespaces = _cluster_sources(args)
+        pod_attribution = "from the agents"
     else:
         source = build_source(args.source, interval_s=args.interval)
+        socket_path = pod_resources_socket(args)
+        pod_attribution = "on" if socket_path else "not configured"
         attribution = build_attribution(
             AttributionOptions(
-                socket_path=args.pod_resources_socket,
+                socket_path=socket_path,
                 interval_s=args.pod_resources_interval,
                 resource_names=args.gpu_resource_names,
                 node_name=args.node_name,
@@ -213,6 +216,7 @@ async def _serve(args: argparse.Namespace, held: _Held) -> int:
                         "probe_port": running.probe_port,
                         "source": source.name,
                         "tls": "off" if tls is None else "mtls" if args.tls_client_ca else "tls",
+                        "pod_attribution": pod_attribution,
                     },
                 )
                 tune_garbage_collector()

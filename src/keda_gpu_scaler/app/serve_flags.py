@@ -149,6 +149,8 @@ class Flag:
         if hasattr(args, self.dest):
             return
         raw, variable = self._raw()
+        if variable is None:
+            args.defaulted.add(self.dest)
         try:
             setattr(args, self.dest, self.parse(raw))
         except argparse.ArgumentTypeError as exc:
@@ -156,6 +158,32 @@ class Flag:
             parser.error(f"argument {self.name}: {exc}{origin}")
         if variable is not None:
             args.from_environment[self.dest] = variable
+
+
+def is_default(args: argparse.Namespace, flag: str) -> bool:
+    """True when ``flag`` was given neither on the command line nor in its variable."""
+    return flag.removeprefix("--").replace("-", "_") in getattr(args, "defaulted", set())
+
+
+SERVICE_ACCOUNT_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"
+"""Where Kubernetes mounts a pod's service account token (absent outside a pod)."""
+
+
+def pod_resources_socket(
+    args: argparse.Namespace, *, account_dir: str = SERVICE_ACCOUNT_DIR
+) -> str:
+    """The PodResources socket to read; empty when pod attribution is not configured.
+
+    The default socket is read when it exists, or inside a pod (a service account mounted):
+    there a missing socket is a mistake to report (the directory is not mounted). Outside
+    Kubernetes (neither), attribution is not configured: nothing to warn about. A socket given
+    with the flag or its variable is always read."""
+    socket = str(args.pod_resources_socket)
+    if not socket or not is_default(args, "--pod-resources-socket"):
+        return socket
+    if os.path.exists(socket) or os.path.isdir(account_dir):
+        return socket
+    return ""
 
 
 def named(args: argparse.Namespace, flag: str) -> str:

@@ -12,7 +12,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import anyio
-from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
@@ -114,12 +114,23 @@ class SelfMetrics:
         open_streams: Callable[[], int],
         *,
         agent_streams: Callable[[], int] | None = None,
+        pod_attribution: bool | None = None,
     ) -> None:
         """Serve the live series from these views (called once, by the composition root);
-        ``agent_streams`` counts open NodeAgent.WatchNode streams, where they are served."""
+        ``agent_streams`` counts open NodeAgent.WatchNode streams, where they are served;
+        ``pod_attribution`` says whether a node agent reads the kubelet's PodResources socket
+        (None on a cluster scaler, whose attribution comes from the agents)."""
         collector = _LiveCollector(snapshot, open_streams, self.decisions, self._tap)
         collector.agent_streams = agent_streams
         self.registry.register(collector)
+        if pod_attribution is not None:
+            configured = Gauge(
+                f"{PREFIX}_pod_attribution_configured",
+                "1 when this node agent reads the kubelet's PodResources socket; 0 when pod "
+                "attribution is not configured (no socket given, outside Kubernetes)",
+                registry=self.registry,
+            )
+            configured.set(1.0 if pod_attribution else 0.0)
 
     # -- Telemetry --------------------------------------------------------------------
 
