@@ -5,15 +5,17 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 import signal
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import anyio
 import pytest
 
-from keda_gpu_scaler.app import cli, serve_flags
+from keda_gpu_scaler.app import cli, gpu_metrics, serve_flags
 from keda_gpu_scaler.app.cli import build_parser
 from keda_gpu_scaler.app.compose import RunningScaler
 from keda_gpu_scaler.app.logs import JsonFormatter
@@ -311,3 +313,54 @@ def test_serving_freezes_start_up_objects_and_makes_collections_smaller_and_full
         [sys.executable, "-c", probe], capture_output=True, text=True, timeout=60, check=True
     )
     assert done.stdout.split() == ["True", "True", "2", "500", "2", "500"]
+
+
+# --- help ---------------------------------------------------------------------------------
+
+
+def _help(
+    main: Callable[[list[str]], int], argv: list[str], capsys: pytest.CaptureFixture[str]
+) -> str:
+    with pytest.raises(SystemExit) as ended:
+        main([*argv, "--help"])
+    assert ended.value.code == 0
+    return capsys.readouterr().out
+
+
+SCALER_HELPS = [[], ["serve"], ["tap"], ["demo"], ["simulate"]]
+GPU_METRICS_HELPS = [[], ["record"]]
+
+
+@pytest.mark.parametrize("argv", SCALER_HELPS, ids=lambda a: " ".join(a) or "top")
+def test_keda_gpu_scaler_help_shows_no_source_markup(
+    argv: list[str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert "`" not in _help(cli.main, argv, capsys)
+
+
+@pytest.mark.parametrize("argv", GPU_METRICS_HELPS, ids=lambda a: " ".join(a) or "top")
+def test_gpu_metrics_help_shows_no_source_markup(
+    argv: list[str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert "`" not in _help(gpu_metrics.main, argv, capsys)
+
+
+def test_gpu_metrics_help_lists_record(capsys: pytest.CaptureFixture[str]) -> None:
+    text = _help(gpu_metrics.main, [], capsys)
+    assert "gpu-metrics record --output FILE" in text
+    assert re.search(r"^  record +write a recording", text, re.MULTILINE)
+
+
+def test_the_top_level_help_says_which_flags_have_variables_and_they_do(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    top = " ".join(_help(cli.main, [], capsys).split())
+    assert "Every flag of serve can also be set from an environment variable" in top
+    assert "the other commands take flags only" in top
+    serve = build_parser()._subparsers._group_actions[0].choices["serve"]  # type: ignore[union-attr,index]
+    options = [a for a in serve._actions if a.option_strings and a.dest != "help"]
+    assert len(options) == len(serve_flags.SERVE_FLAGS)
+    for action in options:
+        assert re.search(r"\(env (KEDA_GPU_SCALER_[A-Z_]+|NODE_NAME);", action.help or ""), (
+            action.option_strings
+        )

@@ -164,6 +164,18 @@ def test_docs_list_every_field() -> None:
         assert f"| `{field}` |" in doc, field
 
 
+def test_docs_show_the_json_document_it_prints() -> None:
+    doc = (Path(__file__).resolve().parent.parent / "docs" / "gpu-metrics.md").read_text()
+    assert "array of records" not in doc
+    shown = json.loads(doc.split("```json\n", 1)[1].split("```", 1)[0])
+    printed = json.loads(_run("--source", "replay", "--format", "json").stdout)
+    assert list(shown) == list(printed) == ["environment", "collected_at", "devices"]
+    assert list(shown["environment"]) == list(printed["environment"])
+    [example] = shown["devices"]
+    fields = [f for f in example if f != "..."]
+    assert fields == list(printed["devices"][0])[: len(fields)]
+
+
 UUID = "GPU-4f60bdab-7290-5bab-ee63-d697ab1e6349"
 
 

@@ -6,6 +6,12 @@ import argparse
 import math
 
 
+def help_text(docstring: str) -> str:
+    """A module docstring's first paragraph as help prints it: without the reStructuredText
+    backticks that mark code in the source."""
+    return docstring.split("\n\n")[0].replace("``", "")
+
+
 def positive_float(text: str) -> float:
     try:
         value = float(text)

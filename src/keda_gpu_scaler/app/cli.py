@@ -1,6 +1,7 @@
 """``keda-gpu-scaler``: serve KEDA's External Scaler contract, or show a demo.
 
-Every flag can also be set from an environment variable, named in its help text.
+Every flag of serve can also be set from an environment variable (KEDA_GPU_SCALER_*, and
+NODE_NAME), named in its help text; the other commands take flags only.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ try:
 
     from keda_gpu_scaler import __version__
     from keda_gpu_scaler.app import gocli
-    from keda_gpu_scaler.app.argtypes import positive_float, tap_address
+    from keda_gpu_scaler.app.argtypes import help_text, positive_float, tap_address
     from keda_gpu_scaler.app.exits import exit_status
     from keda_gpu_scaler.app.logs import configure_logging
     from keda_gpu_scaler.app.serve_flags import SERVE_FLAGS
@@ -42,7 +43,11 @@ class _Parser(argparse.ArgumentParser):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog="keda-gpu-scaler", description=__doc__)
+    parser = _Parser(
+        prog="keda-gpu-scaler",
+        description=help_text(__doc__) + "\n\n" + __doc__.split("\n\n")[1].strip(),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     commands = parser.add_subparsers(dest="command", required=True)
 
