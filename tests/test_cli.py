@@ -11,6 +11,7 @@ import subprocess
 import sys
 from collections.abc import Callable
 from pathlib import Path
+from typing import NoReturn
 
 import anyio
 import pytest
@@ -364,3 +365,70 @@ def test_the_top_level_help_says_which_flags_have_variables_and_they_do(
         assert re.search(r"\(env (KEDA_GPU_SCALER_[A-Z_]+|NODE_NAME);", action.help or ""), (
             action.option_strings
         )
+
+
+# --- first contact: the bare command, the tap at another port -----------------------------
+
+NO_NVML = "NVML library libnvidia-ml.so.1 not found: NVML Shared Library Not Found"
+
+
+def _without_nvml(monkeypatch: pytest.MonkeyPatch) -> None:
+    from keda_gpu_scaler.app import compose
+    from keda_gpu_scaler.domain.errors import SourceUnavailable
+
+    def unavailable(spec: str, **options: object) -> NoReturn:
+        assert spec == "nvml"
+        raise SourceUnavailable(NO_NVML)
+
+    monkeypatch.setattr(compose, "build_source", unavailable)
+    monkeypatch.delenv("KEDA_GPU_SCALER_SOURCE", raising=False)
+
+
+def test_bare_without_nvml_names_demo_and_help_in_one_line(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    _without_nvml(monkeypatch)
+    assert cli.main([]) == 2
+    (line,) = capsys.readouterr().err.splitlines()
+    assert line.startswith(f"keda-gpu-scaler: {NO_NVML}; ")
+    assert "keda-gpu-scaler demo runs without a GPU" in line
+    assert "keda-gpu-scaler --help lists the commands" in line
+
+
+def test_serve_named_without_nvml_is_the_plain_error(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    _without_nvml(monkeypatch)
+    assert cli.main(["serve", "--port", "0", "--metrics-port", "0", "--probe-port", "0"]) == 2
+    assert capsys.readouterr().err == f"keda-gpu-scaler: {NO_NVML}\n"
+
+
+TAP_PORT = "the tap is on the metrics port (--metrics-port, 9090 by default)"
+
+
+async def _tap_says(port: int) -> list[str]:
+    command = [sys.executable, "-m", "keda_gpu_scaler", "tap", "--address", f"127.0.0.1:{port}"]
+    done = await anyio.run_process(command, check=False)
+    assert done.returncode == 1
+    return done.stderr.decode().splitlines()
+
+
+@pytest.mark.slow
+@pytest.mark.anyio
+async def test_tap_at_the_grpc_port_says_it_is_the_grpc_port(scaler: RunningScaler) -> None:
+    assert await _tap_says(scaler.port) == [
+        f"keda-gpu-scaler tap: 127.0.0.1:{scaler.port} does not answer HTTP/1.1: it looks like "
+        f"the scaler's gRPC port (--port, 6000 by default), which speaks HTTP/2; {TAP_PORT}"
+    ]
+
+
+@pytest.mark.slow
+@pytest.mark.anyio
+async def test_tap_at_the_probe_port_says_it_is_the_probe_port(scaler: RunningScaler) -> None:
+    assert scaler.probe_port is not None
+    said = await _tap_says(scaler.probe_port)
+    assert said == [
+        f"keda-gpu-scaler tap: 127.0.0.1:{scaler.probe_port} is the scaler's probe port "
+        f"(--probe-port, 8081 by default: /healthz and /readyz only); {TAP_PORT}"
+    ]
+    assert said[0].count("127.0.0.1") == 1

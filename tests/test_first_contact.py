@@ -241,12 +241,38 @@ def test_a_der_file_given_for_pem_is_one_line_and_exit_2(
     assert f"{what or der_flag} {der}: DER (binary), not PEM: convert it with openssl" in line
 
 
-@pytest.mark.parametrize("address", ["127.0.0.1:70000", "127.0.0.1", "::1:9090", "host:0"])
-def test_tap_refuses_an_address_it_cannot_use(address: str) -> None:
-    result = _scaler("tap", "--address", address)
-    assert result.returncode == 2
-    assert "Traceback" not in result.stderr
-    assert "argument --address:" in result.stderr
+@pytest.mark.parametrize(
+    "address", ["127.0.0.1:70000", "127.0.0.1:99999", "127.0.0.1", "::1:9090", "host:0"]
+)
+def test_tap_refuses_an_address_it_cannot_use_in_one_line(address: str) -> None:
+    line = _one_line(_scaler("tap", "--address", address))
+    assert line.startswith("keda-gpu-scaler tap: argument --address:")
+    assert line.endswith("(see keda-gpu-scaler tap --help)")
+
+
+def test_tap_given_a_url_says_it_takes_the_metrics_ports_host_and_port() -> None:
+    line = _one_line(_scaler("tap", "--address", "http://127.0.0.1:9090/debug/tap"))
+    assert "'http://127.0.0.1:9090/debug/tap' is a URL: give HOST:PORT" in line
+    assert "the tap is (--metrics-port, 9090 by default), as in 127.0.0.1:9090" in line
+    assert "IPv6" not in line
+
+
+@pytest.mark.parametrize(
+    ("spec", "message"),
+    [
+        ("bogus", 'unknown source "bogus": use nvml, replay, replay:PATH or agents'),
+        ("replay:", 'source "replay:": the path is missing: replay:PATH names a recording'),
+        ("replay: ", 'source "replay: ": the path is missing'),
+    ],
+)
+def test_a_source_that_cannot_be_read_says_what_is_wrong(spec: str, message: str) -> None:
+    line = _one_line(_scaler("serve", "--source", spec, *FREE_PORTS))
+    assert line.startswith(f"keda-gpu-scaler: {message}")
+
+
+def test_gpu_metrics_offers_only_its_own_sources() -> None:
+    line = _one_line(_run_gpu_metrics("--source", "bogus"))
+    assert line == 'gpu-metrics: unknown source "bogus": use nvml, replay or replay:PATH'
 
 
 def test_gpu_metrics_into_a_closed_pipe_ends_quietly() -> None:
@@ -266,8 +292,8 @@ def test_gpu_metrics_into_a_closed_pipe_ends_quietly() -> None:
 # Moments after the command's own code starts (before, Python is still starting and finding
 # the module to run, which no code of ours can guard): the command's imports, the source,
 # binding, and serving, where SIGINT is the ordinary request to stop (status 0).
-INTERRUPT_AFTER_S = (0.0, 0.01, 0.03, 0.06, 0.1, 0.15, 0.2, 0.25, 0.3, 0.35, 0.4, 0.45, 0.5)
-INTERRUPT_AFTER_S += (0.55, 0.6, 0.7, 0.85, 1.0, 1.5)
+INTERRUPT_AFTER_S: tuple[float, ...] = (0.0, 0.01, 0.03, 0.06, 0.1, 0.15, 0.2, 0.25, 0.3, 0.35)
+INTERRUPT_AFTER_S += (0.4, 0.45, 0.5, 0.55, 0.6, 0.7, 0.85, 1.0, 1.5)
 
 
 @pytest.mark.parametrize("delay_s", INTERRUPT_AFTER_S)

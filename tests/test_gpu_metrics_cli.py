@@ -113,7 +113,9 @@ def test_unusable_source_is_one_line_and_exit_2(args: tuple[str, ...], message: 
 def test_bad_flags_exit_2_with_a_message(args: tuple[str, ...]) -> None:
     result = _run("--source", "replay", *args)
     assert result.returncode == 2
-    assert "gpu-metrics: error:" in result.stderr
+    (line,) = result.stderr.splitlines()  # one line, not the whole usage above it
+    assert line.startswith("gpu-metrics: ")
+    assert line.endswith("(see gpu-metrics --help)")
 
 
 def test_bad_scope_variable_is_a_clear_error() -> None:

@@ -4,6 +4,15 @@ from __future__ import annotations
 
 import argparse
 import math
+from typing import NoReturn
+
+
+class OneLineParser(argparse.ArgumentParser):
+    """An argument parser whose usage errors are one line, naming where the usage is (the
+    whole usage above a one-line error buries the error)."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: {message} (see {self.prog} --help)\n")
 
 
 def help_text(docstring: str) -> str:
@@ -51,10 +60,16 @@ def positive_int(text: str) -> int:
 
 def tap_address(text: str) -> str:
     """``HOST:PORT`` (``[v6]:PORT`` for an IPv6 address) with a TCP port from 1 to 65535."""
+    if "://" in text:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is a URL: give HOST:PORT of the server's metrics port, where the tap is "
+            "(--metrics-port, 9090 by default), as in 127.0.0.1:9090"
+        )
     host, sep, number = text.rpartition(":")
     if not sep or not host or host == "[]":
         raise argparse.ArgumentTypeError(f"not HOST:PORT: {text!r}")
     if host.count(":") and not (host.startswith("[") and host.endswith("]")):
         raise argparse.ArgumentTypeError(f"an IPv6 address goes in brackets, [::1]:9090: {text!r}")
-    bounded_int(number, low=1, high=65535, meaning=f"not a TCP port (1-65535) in {text!r}")
+    if not number.isdigit() or not 1 <= int(number) <= 65535:
+        raise argparse.ArgumentTypeError(f"{number!r} is not a TCP port (1-65535) in {text!r}")
     return text

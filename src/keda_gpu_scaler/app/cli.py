@@ -14,7 +14,12 @@ try:
 
     from keda_gpu_scaler import __version__
     from keda_gpu_scaler.app import gocli
-    from keda_gpu_scaler.app.argtypes import help_text, positive_float, tap_address
+    from keda_gpu_scaler.app.argtypes import (
+        OneLineParser,
+        help_text,
+        positive_float,
+        tap_address,
+    )
     from keda_gpu_scaler.app.exits import exit_status
     from keda_gpu_scaler.app.logs import configure_logging
     from keda_gpu_scaler.app.serve_flags import SERVE_FLAGS
@@ -25,7 +30,7 @@ except KeyboardInterrupt:  # Ctrl-C while the command loads: quiet, like Ctrl-C 
 # they load is handled like any other: quietly, with status 130.
 
 
-class _Parser(argparse.ArgumentParser):
+class _Parser(OneLineParser):
     """Fills in the ``serve`` flags that were not given, once the command line is parsed."""
 
     serve: argparse.ArgumentParser | None = None
@@ -149,9 +154,16 @@ def _run(args: argparse.Namespace) -> int:
     return 0
 
 
+_BARE_HINT = (
+    "; keda-gpu-scaler alone runs serve on this machine's GPUs: keda-gpu-scaler demo runs "
+    "without a GPU, keda-gpu-scaler --help lists the commands"
+)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    given = list(sys.argv[1:] if argv is None else argv)
     # The Go binary had no subcommands: `keda-gpu-scaler --port 6000` serves.
-    argv = gocli.with_default_command(sys.argv[1:] if argv is None else argv, default="serve")
+    argv = gocli.with_default_command(given, default="serve")
     try:
         args = build_parser().parse_args(argv)
         configure_logging(args.log_level)
@@ -159,4 +171,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     except SystemExit:
         raise
     except BaseException as exc:  # sorted by exit_status; anything unexpected re-raised
-        return exit_status(exc, prog="keda-gpu-scaler")
+        # Bare, on a machine without a GPU (a first try): say what else there is.
+        hint = _BARE_HINT if not given else ""
+        return exit_status(exc, prog="keda-gpu-scaler", source_hint=hint)

@@ -56,20 +56,33 @@ log = logging.getLogger(__name__)
 SAMPLE_BUFFER = 1024
 
 
-def build_source(spec: str, *, interval_s: float = 1.0) -> Sampler:
-    """``nvml``, ``replay`` (the bundled H200 trace) or ``replay:PATH``.
+def build_source(spec: str, *, interval_s: float = 1.0, cluster: bool = False) -> Sampler:
+    """``nvml``, ``replay`` (the bundled H200 trace) or ``replay:PATH``; ``cluster`` when
+    the command also takes ``agents`` (which its caller builds), so that a wrong value is
+    told every choice there is.
 
     Raises :class:`SourceUnavailable` with a one-line reason; never falls back to fake data.
     """
     if spec == "replay":
         return ReplaySampler.bundled()
     if spec.startswith("replay:"):
-        return ReplaySampler.from_path(Path(spec.removeprefix("replay:")))
+        path = spec.removeprefix("replay:")
+        if not path.strip():
+            raise SourceUnavailable(
+                f'source "{spec}": the path is missing: replay:PATH names a recording '
+                "(gpu-metrics record --output PATH); replay alone is the bundled one"
+            )
+        return ReplaySampler.from_path(Path(path))
     if spec == "nvml":
         from keda_gpu_scaler.sources.nvml import open_nvml_sampler
 
         return open_nvml_sampler(interval_s=interval_s)
-    raise SourceUnavailable(f'unknown source "{spec}": use nvml, replay or replay:PATH')
+    choices = (
+        "nvml, replay, replay:PATH or agents (a cluster scaler, with --agents)"
+        if cluster
+        else "nvml, replay or replay:PATH"
+    )
+    raise SourceUnavailable(f'unknown source "{spec}": use {choices}')
 
 
 CLUSTER_FOLD_INTERVAL_S = 0.01

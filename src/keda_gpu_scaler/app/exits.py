@@ -18,11 +18,12 @@ _E = TypeVar("_E", bound=BaseException)
 _LISTEN_ERRNOS = frozenset({errno.EADDRINUSE, errno.EADDRNOTAVAIL, errno.EACCES})
 
 
-def exit_status(exc: BaseException, *, prog: str) -> int:
+def exit_status(exc: BaseException, *, prog: str, source_hint: str = "") -> int:
     """The exit status of a command that ended with ``exc``, after one line on stderr.
 
     Ctrl-C (130) and a closed standard output (0) end quietly, whenever they happen, even
     inside a task group; a configuration error is one line and 2; anything else propagates.
+    ``source_hint`` ends the line when the error is a source that cannot be read.
     """
     leaves = _leaves(exc)
     if any(isinstance(e, KeyboardInterrupt) for e in leaves):
@@ -30,11 +31,12 @@ def exit_status(exc: BaseException, *, prog: str) -> int:
     if any(isinstance(e, BrokenPipeError) for e in leaves):
         quiet_stdout()
         return 0
-    from keda_gpu_scaler.domain.errors import ScalerError
+    from keda_gpu_scaler.domain.errors import ScalerError, SourceUnavailable
 
     for leaf in leaves:
         if isinstance(leaf, ScalerError | ListenError):
-            print(f"{prog}: {leaf}", file=sys.stderr)
+            hint = source_hint if isinstance(leaf, SourceUnavailable) else ""
+            print(f"{prog}: {leaf}{hint}", file=sys.stderr)
             return EXIT_USAGE
         if isinstance(leaf, OSError) and leaf.errno in _LISTEN_ERRNOS:
             print(f"{prog}: cannot listen: {leaf.strerror or leaf}", file=sys.stderr)

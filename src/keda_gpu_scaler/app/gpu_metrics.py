@@ -21,7 +21,7 @@ try:
 
     from keda_gpu_scaler import __version__
     from keda_gpu_scaler.app import gocli, gojson
-    from keda_gpu_scaler.app.argtypes import help_text, positive_int
+    from keda_gpu_scaler.app.argtypes import OneLineParser, help_text, positive_int
     from keda_gpu_scaler.app.exits import EXIT_USAGE, exit_status, find_leaf
     from keda_gpu_scaler.app.gpu_output import Printer, record
     from keda_gpu_scaler.app.scope import (
@@ -144,7 +144,7 @@ async def _run(plan: Plan, source: Sampler, printer: Printer) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = OneLineParser(
         prog="gpu-metrics",
         usage="%(prog)s [options]\n       %(prog)s record --output FILE [options]",
         description=help_text(__doc__).splitlines()[0],

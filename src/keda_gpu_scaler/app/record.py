@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 
 import anyio
 
-from keda_gpu_scaler.app.argtypes import help_text, positive_float
+from keda_gpu_scaler.app.argtypes import OneLineParser, help_text, positive_float
 from keda_gpu_scaler.app.exits import exit_status
 
 if TYPE_CHECKING:
@@ -23,7 +23,7 @@ if TYPE_CHECKING:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = OneLineParser(
         prog="gpu-metrics record", description=help_text(__doc__).splitlines()[0]
     )
     parser.add_argument("--output", type=Path, required=True, help="trace file to write (JSONL)")

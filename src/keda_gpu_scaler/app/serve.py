@@ -165,7 +165,7 @@ async def _serve(args: argparse.Namespace, held: _Held) -> int:
         source, attribution, pod_namespaces = _cluster_sources(args)
         pod_attribution = "from the agents"
     else:
-        source = build_source(args.source, interval_s=args.interval)
+        source = build_source(args.source, interval_s=args.interval, cluster=True)
         socket_path = pod_resources_socket(args)
         pod_attribution = "on" if socket_path else "not configured"
         attribution = build_attribution(

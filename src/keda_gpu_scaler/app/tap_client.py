@@ -33,9 +33,7 @@ async def follow(
     async with client.stream("GET", url, params=dict(params)) as response:
         if response.status_code != 200:
             raise httpx.HTTPStatusError(
-                f"{url} answered {response.status_code}",
-                request=response.request,
-                response=response,
+                f"answered {response.status_code}", request=response.request, response=response
             )
         shown = ", ".join(f"--{k} {v}" for k, v in params.items())
         err(f"keda-gpu-scaler tap: connected to {url}{f' ({shown})' if shown else ''}\n")
@@ -77,7 +75,36 @@ def _write_err(text: str) -> None:
     sys.stderr.flush()
 
 
-async def _until_signal(url: str, params: dict[str, str]) -> str | None:
+_TAP_PORT = "the tap is on the metrics port (--metrics-port, 9090 by default)"
+
+
+def failure(address: str, url: str, exc: httpx.HTTPError, *, probes: bool = False) -> str:
+    """What went wrong, said of the address given: which port it is, when it is another of
+    the scaler's, and where the tap is. ``probes``: the address answers ``/healthz``."""
+    if isinstance(exc, httpx.RemoteProtocolError):
+        return (
+            f"{address} does not answer HTTP/1.1: it looks like the scaler's gRPC port "
+            f"(--port, 6000 by default), which speaks HTTP/2; {_TAP_PORT}"
+        )
+    if isinstance(exc, httpx.HTTPStatusError) and exc.response.status_code == 404:
+        if probes:
+            return (
+                f"{address} is the scaler's probe port (--probe-port, 8081 by default: "
+                f"/healthz and /readyz only); {_TAP_PORT}"
+            )
+        return f"{url} answered 404: {address} is not a keda-gpu-scaler metrics port; {_TAP_PORT}"
+    return f"{url}: {str(exc) or type(exc).__name__}"
+
+
+async def _is_probe_port(client: httpx.AsyncClient, url: str) -> bool:
+    try:
+        response = await client.get(url.replace("/debug/tap", "/healthz"))
+    except httpx.HTTPError:
+        return False
+    return response.status_code in (200, 503)
+
+
+async def _until_signal(address: str, url: str, params: dict[str, str]) -> str | None:
     """Stream until SIGINT/SIGTERM or the end of the tap; the error text, if it failed."""
     error: str | None = None
     timeout = httpx.Timeout(5.0, read=None)  # a quiet tap is not a dead one
@@ -95,7 +122,8 @@ async def _until_signal(url: str, params: dict[str, str]) -> str | None:
         try:
             await follow(client, url, params, out=_write_out, err=_write_err)
         except httpx.HTTPError as exc:
-            error = str(exc) or type(exc).__name__
+            probes = isinstance(exc, httpx.HTTPStatusError) and await _is_probe_port(client, url)
+            error = failure(address, url, exc, probes=probes)
         tg.cancel_scope.cancel()
     return error
 
@@ -116,8 +144,8 @@ def run_tap(
     url = f"http://{address}/debug/tap"
     filters = {"source": source, "device": device, "metric": metric, "trigger": trigger}
     params = {k: v for k, v in filters.items() if v is not None}
-    error = anyio.run(_until_signal, url, params, backend="asyncio")
+    error = anyio.run(_until_signal, address, url, params, backend="asyncio")
     if error is not None:
-        print(f"keda-gpu-scaler tap: {url}: {error}", file=sys.stderr)
+        print(f"keda-gpu-scaler tap: {error}", file=sys.stderr)
         return EXIT_UNREACHABLE
     return 0
