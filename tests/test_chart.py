@@ -24,8 +24,10 @@ from tests.test_manifests import (
     SCALER_ADDRESS,
     SCALER_UID,
     SOCKET,
+    agents_part,
     assert_attribution_off,
     assert_attribution_on,
+    assert_cluster_scaler_locked_down,
     assert_hardened,
     assert_namespaced,
     assert_pod_reader,
@@ -96,8 +98,10 @@ def test_rendered_objects_match_their_schemas(
     assert sum(validate(doc) for doc in docs) >= 4
     for doc in docs:
         assert_namespaced(doc)
-    assert_hardened(docs)
-    assert_serve_flags(docs, monkeypatch)
+    if of_kind(docs, "Deployment"):  # role: cluster
+        assert_cluster_scaler_locked_down(docs)
+    assert_hardened(agents_part(docs))
+    assert_serve_flags(agents_part(docs), monkeypatch)
 
 
 # --- the Go project's address and release -------------------------------------------------
@@ -447,10 +451,145 @@ def test_schema_accepts_pod_attribution_values(setting: str) -> None:
 def test_schema_messages_cannot_be_used_as_values() -> None:
     schema = json.loads((CHART / "values.schema.json").read_text())
     role = schema["properties"]["role"]
-    (message,) = [v for v in role["enum"] if v != "node-agents"]
+    (message,) = [v for v in role["enum"] if v not in ("node-agents", "cluster")]
     assert "at '/role'" in refusal("--set-string", f"role={message}")
 
 
 def test_render_is_deterministic() -> None:
     first = helm("template", RELEASE, CHART, "--namespace", NAMESPACE).stdout
     assert first == helm("template", RELEASE, CHART, "--namespace", NAMESPACE).stdout
+
+
+# --- role: cluster ------------------------------------------------------------------------
+
+CLUSTER_SCALER = f"{RELEASE}-cluster"
+
+
+def _by(docs: tuple[Obj, ...], kind: str, name: str) -> Obj:
+    (doc,) = [d for d in of_kind(docs, kind) if d["metadata"]["name"] == name]
+    return doc
+
+
+def test_cluster_mode_renders_and_validates_strictly() -> None:
+    docs = template(None, "role=cluster")
+    kinds = sorted(d["kind"] for d in docs)
+    assert kinds == sorted(
+        [
+            *("ClusterRole", "ClusterRole", "ClusterRoleBinding", "ClusterRoleBinding"),
+            *("DaemonSet", "Deployment", "NetworkPolicy", "PodDisruptionBudget"),
+            *("Service", "Service", "Service", "ServiceAccount", "ServiceAccount"),
+        ]
+    )
+    for doc in docs:
+        assert validate(doc), doc["kind"]
+        assert_namespaced(doc)
+    result = helm("lint", "--strict", CHART, "--set", "role=cluster")
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_cluster_mode_is_the_committed_cluster_overlay() -> None:
+    overlay = ROOT / "k8s" / "overlays" / "cluster"
+    rendered = render("overlays/cluster")
+    assert sorted(map(_key, rendered)) == sorted(map(_key, template(None, "role=cluster")))
+    for doc in template(None, "role=cluster"):
+        (same,) = [d for d in rendered if _key(d) == _key(doc)]
+        assert same == doc, _key(doc)
+    assert "--set role=cluster" in (overlay / "kustomization.yaml").read_text()
+
+
+def _key(doc: Obj) -> tuple[str, str]:
+    return doc["kind"], doc["metadata"]["name"]
+
+
+def test_cluster_mode_keeps_kedas_address_and_moves_it_to_the_cluster_scaler() -> None:
+    """helm upgrade --set role=cluster: the same Service (name, namespace, port) selecting
+    the cluster scaler; the DaemonSet's selector (immutable) unchanged and its pod template
+    changed, so that the agents restart and end KEDA's open streams with OK."""
+    node, cluster = template(), template(None, "role=cluster")
+    kedas_node, kedas_cluster = _by(node, "Service", RELEASE), _by(cluster, "Service", RELEASE)
+    address = f"{RELEASE}.{NAMESPACE}.svc.cluster.local:{kedas_cluster['spec']['ports'][0]['port']}"
+    assert address == SCALER_ADDRESS
+    assert kedas_node["spec"]["ports"] == kedas_cluster["spec"]["ports"]
+    deployment = _by(cluster, "Deployment", CLUSTER_SCALER)
+    pod_labels = deployment["spec"]["template"]["metadata"]["labels"]
+    assert kedas_cluster["spec"]["selector"].items() <= pod_labels.items()
+    agents = daemonset_of(cluster)
+    assert (
+        not kedas_cluster["spec"]["selector"].items()
+        <= agents["spec"]["template"]["metadata"]["labels"].items()
+    )
+    assert agents["spec"]["selector"] == daemonset_of(node)["spec"]["selector"]
+    assert agents["spec"]["template"] != daemonset_of(node)["spec"]["template"]
+    assert "ends the streams KEDA opened to it with status OK" in notes("role=cluster")
+
+
+def test_cluster_scaler_finds_the_agents_and_reads_only_what_it_needs() -> None:
+    docs = template(None, "role=cluster", "cluster.podNamespaces=ml\\,serving")
+    deployment = _by(docs, "Deployment", CLUSTER_SCALER)
+    (c,) = deployment["spec"]["template"]["spec"]["containers"]
+    env = {e["name"]: e.get("value") for e in c["env"]}
+    assert env["KEDA_GPU_SCALER_SOURCE"] == "agents"
+    assert env["KEDA_GPU_SCALER_AGENTS"] == f"endpoints:{NAMESPACE}/{RELEASE}-agents:grpc"
+    assert env["KEDA_GPU_SCALER_POD_NAMESPACES"] == "ml,serving"
+    assert env["KEDA_GPU_SCALER_POD_RESOURCES_SOCKET"] == ""
+    discovery = _by(docs, "Service", f"{RELEASE}-agents")
+    assert discovery["spec"]["clusterIP"] == "None"
+    assert discovery["spec"]["selector"].items() <= pod_labels_of_daemonset(docs).items()
+    role = _by(docs, "ClusterRole", CLUSTER_SCALER)
+    assert role["rules"] == [
+        {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch"]},
+        {
+            "apiGroups": ["discovery.k8s.io"],
+            "resources": ["endpointslices"],
+            "verbs": ["get", "list", "watch"],
+        },
+    ]
+    # The agents keep their own account and pod reader (their node's pods).
+    agents = tuple(
+        d
+        for d in docs
+        if d["metadata"]["labels"]["app.kubernetes.io/component"] != "cluster-scaler"
+    )
+    assert_pod_reader(agents)
+    policy = _by(docs, "NetworkPolicy", f"{RELEASE}-agents")
+    (grpc_rule, open_rule) = policy["spec"]["ingress"]
+    assert grpc_rule["ports"] == [{"protocol": "TCP", "port": 6000}]
+    (source,) = grpc_rule["from"]
+    assert source["podSelector"]["matchLabels"] == deployment["spec"]["selector"]["matchLabels"]
+    assert {p["port"] for p in open_rule["ports"]} == {9090, 8081}
+
+
+def pod_labels_of_daemonset(docs: tuple[Obj, ...]) -> dict[str, str]:
+    labels: dict[str, str] = daemonset_of(docs)["spec"]["template"]["metadata"]["labels"]
+    return labels
+
+
+def test_one_cluster_scaler_replica_has_no_disruption_budget() -> None:
+    docs = template(None, "role=cluster", "cluster.replicas=1")
+    assert of_kind(docs, "PodDisruptionBudget") == []
+    assert _by(docs, "Deployment", CLUSTER_SCALER)["spec"]["replicas"] == 1
+
+
+@pytest.mark.parametrize(
+    ("setting", "where"),
+    [
+        ("role=cluster-scaler", "at '/role'"),
+        ("cluster.replicas=0", "at '/cluster/replicas'"),
+        ("cluster.podNamespaces=Not_A_Namespace", "at '/cluster/podNamespaces'"),
+        ("cluster.replica=2", "additional properties 'replica'"),
+    ],
+)
+def test_schema_refuses_bad_cluster_values(setting: str, where: str) -> None:
+    assert where in refusal("--set", setting)
+
+
+def test_tls_with_role_cluster_is_refused_with_the_reason() -> None:
+    stderr = refusal("--set", "role=cluster", "--set", "tls.enabled=true")
+    assert "tls.enabled with role cluster is not rendered yet" in stderr
+
+
+def test_node_mode_has_no_cluster_objects() -> None:
+    docs = template()
+    assert of_kind(docs, "Deployment") == of_kind(docs, "NetworkPolicy") == []
+    assert of_kind(docs, "PodDisruptionBudget") == []
+    assert "annotations" not in daemonset_of(docs)["spec"]["template"]["metadata"]

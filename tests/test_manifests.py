@@ -551,7 +551,8 @@ CLUSTER_READER_RULES = [
     },
 ]
 CLUSTER_KINDS = {"ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Service"}
-CLUSTER_KINDS |= {"DaemonSet", "Deployment", "NetworkPolicy"}
+CLUSTER_KINDS |= {"DaemonSet", "Deployment", "NetworkPolicy", "PodDisruptionBudget"}
+ROLE_ANNOTATION = "keda-gpu-scaler/role"
 
 
 def by_name(docs: tuple[Obj, ...], kind: str, name: str) -> Obj:
@@ -583,7 +584,7 @@ def agents_part(docs: tuple[Obj, ...]) -> tuple[Obj, ...]:
     return tuple(
         d
         for d in docs
-        if d["metadata"]["labels"]["app.kubernetes.io/component"] != "cluster-scaler"
+        if d["metadata"]["labels"].get("app.kubernetes.io/component") != "cluster-scaler"
         and d["kind"] not in ("Deployment", "NetworkPolicy")
     )
 
@@ -609,10 +610,31 @@ def test_cluster_overlay_keeps_the_base_agents() -> None:
     discovery = ("Service", "keda-gpu-scaler-agents")
     assert set(agents) == set(base) - {kedas} | {discovery}
     for key, doc in agents.items():
-        if key != discovery:
+        if key not in (discovery, ("DaemonSet", "keda-gpu-scaler")):
             assert doc == base[key], key
-    assert daemonset_of(docs) == daemonset("base")
+    # The DaemonSet but the role in its pod template (changing the role restarts the agents,
+    # so that KEDA's open connection moves to the cluster scaler).
+    agents_daemonset = json.loads(json.dumps(daemonset_of(docs)))
+    template = agents_daemonset["spec"]["template"]["metadata"]
+    assert template.pop("annotations") == {ROLE_ANNOTATION: "cluster"}
+    assert agents_daemonset == daemonset("base")
     assert_hardened(agents_part(docs))
+
+
+def test_cluster_scaler_survives_a_drain_and_a_node_lost() -> None:
+    """Two replicas on different nodes where the cluster allows it, one kept in a drain."""
+    docs = render(CLUSTER)
+    deployment = cluster_deployment(docs)
+    labels = deployment["spec"]["selector"]["matchLabels"]
+    (budget,) = of_kind(docs, "PodDisruptionBudget")
+    assert budget["spec"] == {"minAvailable": 1, "selector": {"matchLabels": labels}}
+    assert selects(labels, pod_labels_of(deployment))
+    anti = deployment["spec"]["template"]["spec"]["affinity"]["podAntiAffinity"]
+    (preferred,) = anti["preferredDuringSchedulingIgnoredDuringExecution"]
+    term = preferred["podAffinityTerm"]
+    assert term["topologyKey"] == "kubernetes.io/hostname"
+    assert term["labelSelector"] == {"matchLabels": labels}
+    assert deployment["spec"]["strategy"]["rollingUpdate"] == {"maxSurge": 1, "maxUnavailable": 0}
 
 
 def assert_cluster_scaler_locked_down(docs: tuple[Obj, ...]) -> None:
@@ -1060,3 +1082,4 @@ def test_dashboard_is_well_formed() -> None:
         if panel["type"] != "row":
             assert panel["datasource"]["uid"] == "${datasource}"
             assert panel["targets"], panel["title"]
+

@@ -60,3 +60,37 @@ Pod attribution's RBAC: one ClusterRole and its binding, named after the release
 {{- define "keda-gpu-scaler.podResourcesSocket" -}}
 {{ .Values.podAttribution.socketDir }}/kubelet.sock
 {{- end }}
+
+{{/*
+The cluster scaler (role: cluster). Its pods carry an instance label of their own, so that
+neither the DaemonSet's selector (name and instance: the Go project's chart's, which cannot
+change) nor the agents' Services ever select them.
+*/}}
+{{- define "keda-gpu-scaler.cluster" -}}
+{{- if eq .Values.role "cluster" }}true{{ end }}
+{{- end }}
+
+{{- define "keda-gpu-scaler.clusterName" -}}
+{{- printf "%s-cluster" (include "keda-gpu-scaler.fullname" .) | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{- define "keda-gpu-scaler.clusterSelectorLabels" -}}
+app.kubernetes.io/name: {{ include "keda-gpu-scaler.name" . }}
+app.kubernetes.io/instance: {{ printf "%s-cluster" .Release.Name | trunc 63 | trimSuffix "-" }}
+app.kubernetes.io/component: cluster-scaler
+{{- end }}
+
+{{- define "keda-gpu-scaler.clusterLabels" -}}
+{{ include "keda-gpu-scaler.clusterSelectorLabels" . }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/part-of: keda-gpu-scaler
+{{- with .Values.commonLabels }}
+{{ toYaml . }}
+{{- end }}
+{{- end }}
+
+{{/* The node agents' pods, as the cluster scaler's discovery and the NetworkPolicy select them. */}}
+{{- define "keda-gpu-scaler.agentSelectorLabels" -}}
+{{ include "keda-gpu-scaler.selectorLabels" . }}
+app.kubernetes.io/component: node-agent
+{{- end }}
