@@ -5,7 +5,7 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 
-.PHONY: demo test e2e e2e-build lint types layers unit proto bench docs manifests clean
+.PHONY: demo test e2e e2e-build lint types layers unit proto bench docs manifests image clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -65,3 +65,8 @@ docs: $(VENV)/.installed
 # k8s/base and k8s/keda-gpu-scaler.yaml from the chart (a test fails when they drift).
 manifests: $(BIN)/helm
 	$(BIN)/python scripts/generate_manifests.py $(BIN)/helm
+
+# The Dockerfile built offline with buildah on a Debian base made here, then run: --version,
+# demo, gpu-metrics, as uid 65532 on a read-only root (scripts/build_image.sh; root, Debian).
+image: $(VENV)/.installed
+	PYTHON=$(BIN)/python scripts/build_image.sh

@@ -8,6 +8,7 @@ kustomize on top of it.
 from __future__ import annotations
 
 import json
+import os
 import re
 from collections.abc import Iterator
 from functools import cache
@@ -883,7 +884,13 @@ def test_dockerfile_final_stage() -> None:
     ]
     froms = [line for line in lines if line.startswith("FROM ")]
     assert len(froms) >= 2, "multi-stage"
-    assert froms[-1] == "FROM python:3.12-slim"
+    assert froms == ["FROM ${BASE} AS builder", "FROM ${BASE}"]
+    # The default base is the official image pinned by digest; scripts/build_image.sh gives
+    # one made here with --build-arg BASE.
+    (base,) = [line for line in lines if line.startswith("ARG BASE=")]
+    assert re.fullmatch(
+        r"ARG BASE=docker\.io/library/python:3\.12-slim-bookworm@sha256:[0-9a-f]{64}", base
+    )
     final = lines[lines.index(froms[-1]) :]
     assert "USER 65532:65532" in final
     assert 'ENTRYPOINT ["keda-gpu-scaler"]' in final
@@ -1083,3 +1090,69 @@ def test_dashboard_is_well_formed() -> None:
             assert panel["datasource"]["uid"] == "${datasource}"
             assert panel["targets"], panel["title"]
 
+
+# --- the image build and the release workflow ------------------------------------------------
+
+
+def test_ci_builds_and_runs_the_image_after_the_tests() -> None:
+    steps = [
+        line.removeprefix("exec ")
+        for line in (ROOT / ".ci" / "run").read_text().splitlines()
+        if line.startswith(("make ", "exec make "))
+    ]
+    assert steps[0] == "make test"
+    assert "make image" in steps[1:]
+    makefile = (ROOT / "Makefile").read_text()
+    assert (
+        "\nimage: $(VENV)/.installed\n\tPYTHON=$(BIN)/python scripts/build_image.sh\n" in makefile
+    )
+    script = (ROOT / "scripts" / "build_image.sh").read_text()
+    assert os.access(ROOT / "scripts" / "build_image.sh", os.X_OK)
+    # Offline, daemonless: vfs storage, chroot isolation, no network namespace of its own
+    # but an empty one, the base made here; the checks run the image as its user, read-only.
+    for needed in (
+        "--storage-driver vfs",
+        "unshare --net buildah",
+        "--isolation chroot",
+        "--pull=never",
+        '--build-arg "BASE=$BASE"',
+        "debootstrap --variant=minbase --include=python3,python3-venv",
+        "mount -o remount,bind,ro",
+        'chroot --userspec="$user"',
+        "image --version",
+        "image demo",
+        "in_image gpu-metrics --source replay",
+    ):
+        assert needed in script, needed
+
+
+def test_the_image_build_installs_only_from_the_wheelhouse_when_it_has_wheels() -> None:
+    dockerfile = (ROOT / "Dockerfile").read_text()
+    assert "COPY wheelhouse/ /wheels/" in dockerfile
+    assert "--no-index --find-links /wheels" in dockerfile
+    assert "!wheelhouse/" in (ROOT / ".dockerignore").read_text()
+    assert (ROOT / "wheelhouse" / "README.md").is_file()
+
+
+RELEASE = ROOT / ".github" / "workflows" / "release.yml"
+
+
+def test_the_release_workflow_pushes_a_multi_platform_image_of_the_charts_name() -> None:
+    workflow = yaml.safe_load(RELEASE.read_text())
+    assert workflow[True] == {"push": {"tags": ["v*.*.*"]}}  # YAML 1.1 reads "on" as True
+    (job,) = workflow["jobs"].values()
+    assert job["permissions"] == {"contents": "read", "packages": "write"}
+    (build,) = [s for s in job["steps"] if s.get("uses", "").startswith("docker/build-push")]
+    assert build["with"]["platforms"] == "linux/amd64,linux/arm64"
+    assert build["with"]["push"] is True
+    values = yaml.safe_load((ROOT / "k8s/helm/keda-gpu-scaler/values.yaml").read_text())
+    tags = build["with"]["tags"].splitlines()
+    repository = values["image"]["repository"]
+    assert tags == [
+        f"{repository}:${{{{ steps.version.outputs.version }}}}",
+        f"{repository}:${{{{ steps.version.outputs.minor }}}}",
+    ]
+    # Every action pinned to a major version at least.
+    for step in job["steps"]:
+        if "uses" in step:
+            assert re.fullmatch(r"[\w-]+/[\w-]+@v\d+", step["uses"]), step["uses"]
