@@ -93,6 +93,20 @@ def _row(**values: Any) -> dict[str, Any]:
     return row
 
 
+def test_the_live_table_into_a_file_or_a_pipe_writes_no_escape_codes() -> None:
+    frames: list[str] = []
+    printer = Printer("table", watch=True, out=frames.append, node="gpu-7", terminal=False)
+    for utilization in (5.0, 100.0):
+        printer.emit([_row(gpu_utilization=utilization)], continuous=True)
+    text = "".join(frames)
+    assert "\x1b" not in text
+    # Each table under its title line, one after the other, a blank line between.
+    first, second, end = text.split("\n\n")
+    assert first.startswith("node gpu-7  20") and second.startswith("node gpu-7  20")
+    assert first.splitlines()[1].split()[:2] == ["GPU", "NAME"]
+    assert end == ""
+
+
 def test_the_live_table_keeps_its_columns_and_says_where_when_and_how_to_stop() -> None:
     frames: list[str] = []
     printer = Printer("table", watch=True, out=frames.append, node="gpu-7", interval_s=2.0)

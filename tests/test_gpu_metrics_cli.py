@@ -151,6 +151,13 @@ def test_signal_ends_continuous_output_cleanly(signum: signal.Signals) -> None:
         json.loads(line)
 
 
+def test_watch_into_a_pipe_writes_tables_without_escape_codes() -> None:
+    result = _run("--source", "replay", "--watch", "--count", "2", "--interval", "0.1")
+    assert result.returncode == 0, result.stderr
+    assert "\x1b" not in result.stdout
+    assert result.stdout.count("Ctrl-C to stop") == 2
+
+
 def test_table_shows_absent_readings_as_a_dash() -> None:
     row = dict.fromkeys(FIELDS)
     row.update(index=0, name="GPU", status="ok", gpu_utilization=5.0, memory_total_mib=100)

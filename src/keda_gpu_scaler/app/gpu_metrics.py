@@ -279,6 +279,7 @@ def _measure(plan: Plan, environment: dict[str, Any]) -> int:
         node=plan.environment.node,
         interval_s=plan.interval_s,
         environment=environment,
+        terminal=sys.stdout.isatty(),
     )
     try:
         anyio.run(_run, plan, source, printer, backend="asyncio")

@@ -146,11 +146,17 @@ def render_table(rows: list[dict[str, Any]], *, widths: Sequence[int] = ()) -> s
     )
 
 
+_CLEAR_SCREEN = "\x1b[H\x1b[2J"
+"""Cursor home, then erase the screen (ANSI): a live table redraws in place."""
+
+
 class Printer:
     """Writes rows in one format; the CSV header is written once per run.
 
     A live table (``watch``) redraws in place under a title line (node, time, period, how
     to stop), and its columns never narrow, so the figures stay where the eye expects them.
+    Into a file or a pipe (``terminal`` false) nothing is redrawn: each table follows the
+    last under its title line, with no escape codes for a screen that is not there.
     """
 
     def __init__(
@@ -162,8 +168,10 @@ class Printer:
         node: str = "",
         interval_s: float | None = None,
         environment: dict[str, Any] | None = None,
+        terminal: bool = True,
     ) -> None:
         self._environment = environment or {}
+        self._terminal = terminal
         self._fmt = fmt
         self._watch = watch
         self._out = out
@@ -177,8 +185,10 @@ class Printer:
             if self._watch:
                 self._widths = column_widths(rows, at_least=self._widths)
             table = render_table(rows, widths=self._widths)
-            if self._watch:
-                table = "\x1b[H\x1b[2J" + self._title() + "\n\n" + table
+            if self._watch and self._terminal:
+                table = _CLEAR_SCREEN + self._title() + "\n\n" + table
+            elif self._watch:
+                table = self._title() + "\n" + table + "\n"
             self._out(table + "\n")
         elif self._fmt == "jsonl":
             self._out("".join(_ENCODER.encode(r).decode() + "\n" for r in rows))
