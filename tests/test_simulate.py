@@ -815,3 +815,62 @@ def test_a_windowed_trigger_reads_its_window(tmp_path: Path) -> None:
     assert seen[0] is None  # the window is not covered yet: no reading, never a guess
     assert seen[30] == 90.0  # readings from 1 to 30 s: max 90
     assert seen[60] == 10.0  # the spike has left the window
+
+
+# --- files of several documents -------------------------------------------------------------
+
+GETTING_STARTED = ROOT / "k8s" / "examples" / "getting-started.yaml"
+
+
+def _scaled_object(name: str) -> dict[str, Any]:
+    return {
+        "apiVersion": "keda.sh/v1alpha1",
+        "kind": "ScaledObject",
+        "metadata": {"name": name, "namespace": "ml"},
+        "spec": {
+            "scaleTargetRef": {"name": name},
+            "triggers": [
+                {
+                    "type": "external",
+                    "metadata": {
+                        "scalerAddress": "keda-gpu-scaler.keda.svc.cluster.local:6000",
+                        "profile": "training",
+                    },
+                }
+            ],
+        },
+    }
+
+
+def _documents(path: Path, *docs: dict[str, Any]) -> Path:
+    path.write_text(yaml.safe_dump_all(docs))
+    return path
+
+
+def test_the_getting_started_example_simulates_its_scaled_object() -> None:
+    """Namespace, Deployment and ScaledObject in one file: the ScaledObject is the one."""
+    kinds = [d["kind"] for d in yaml.safe_load_all(GETTING_STARTED.read_text()) if d]
+    assert kinds.count("ScaledObject") == 1 and len(kinds) > 1
+    result = run_simulation(GETTING_STARTED, trace="bundled")
+    assert (result.plan.namespace, result.plan.name) == ("gpu-demo", "gpu-load")
+
+
+def test_several_scaled_objects_need_a_name(tmp_path: Path) -> None:
+    deployment = {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "x"}}
+    both = _documents(tmp_path / "both.yaml", deployment, _scaled_object("a"), _scaled_object("b"))
+    with pytest.raises(BadInput, match=r"2 ScaledObjects \(a, b\): choose one with --name"):
+        run_simulation(both, trace="bundled")
+    assert run_simulation(both, trace="bundled", name="b").plan.name == "b"
+    with pytest.raises(BadInput, match=r"no ScaledObject named 'c'; there are: a, b"):
+        run_simulation(both, trace="bundled", name="c")
+    none = _documents(tmp_path / "none.yaml", deployment, deployment)
+    with pytest.raises(BadInput, match=r"no ScaledObject \(keda.sh/v1alpha1\) among its 2 docum"):
+        run_simulation(none, trace="bundled")
+
+
+def test_simulate_takes_name_on_the_command_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    both = _documents(tmp_path / "both.yaml", _scaled_object("a"), _scaled_object("b"))
+    assert cli.main(["simulate", str(both), "--trace", "bundled", "--name", "a"]) == 0
+    assert capsys.readouterr().out.startswith("ScaledObject ml/a:")

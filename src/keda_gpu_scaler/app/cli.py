@@ -99,7 +99,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="run a ScaledObject through KEDA and the HPA over a trace or a synthetic load, "
         "in virtual time",
     )
-    simulate.add_argument("scaledobject", type=Path, metavar="SCALEDOBJECT.yaml")
+    simulate.add_argument(
+        "scaledobject",
+        type=Path,
+        metavar="SCALEDOBJECT.yaml",
+        help="a ScaledObject, or a file of several documents (---) with one ScaledObject",
+    )
+    simulate.add_argument("--name", help="the ScaledObject of that name, when the file has several")
     given = simulate.add_mutually_exclusive_group(required=True)
     given.add_argument(
         "--trace",
@@ -142,6 +148,7 @@ def _run(args: argparse.Namespace) -> int:
             load=args.load,
             output_format=args.format,
             plot=args.plot,
+            name=args.name,
         )
     if args.cluster:
         from keda_gpu_scaler.app.demo_cluster import run_cluster_demo

@@ -53,10 +53,15 @@ class Simulation:
 
 
 def run_simulation(
-    scaled_object: Path, *, trace: str | None = None, load: Path | None = None
+    scaled_object: Path,
+    *,
+    trace: str | None = None,
+    load: Path | None = None,
+    name: str | None = None,
 ) -> Simulation:
-    """Simulate ``scaled_object`` over ``trace`` (a file, or ``bundled``) or ``load``."""
-    plan = read_scaled_object(scaled_object)
+    """Simulate ``scaled_object`` (the ScaledObject named ``name`` when the file has several)
+    over ``trace`` (a file, or ``bundled``) or ``load``."""
+    plan = read_scaled_object(scaled_object, name=name)
     feed: Feed
     if load is not None:
         loaded = read_load(load)
@@ -136,13 +141,14 @@ def run_simulate(
     output_format: str = "table",
     plot: Path | None = None,
     out: TextIO | None = None,
+    name: str | None = None,
 ) -> int:
     """The command: the table or JSON on ``out`` (standard output), the picture to ``plot``."""
     if output_format not in FORMATS:
         raise BadInput(f"--format {output_format!r}: must be one of {', '.join(FORMATS)}")
     if plot is not None and plot.suffix.lower() not in PLOT_SUFFIXES:
         raise BadInput(f"--plot {plot}: the name must end in .png or .svg")
-    result = run_simulation(scaled_object, trace=trace, load=load)
+    result = run_simulation(scaled_object, trace=trace, load=load, name=name)
     stream = sys.stdout if out is None else out
     stream.write(result.table() if output_format == "table" else result.json())
     stream.flush()

@@ -28,16 +28,21 @@ def read_text(path: Path, *, what: str) -> str:
         raise BadInput(f"{path}: not UTF-8 text (byte {exc.start})") from None
 
 
-def read_yaml(path: Path, *, what: str) -> Any:
-    """One YAML document from ``path``."""
+def read_yaml_documents(path: Path, *, what: str) -> list[Any]:
+    """Every YAML document of ``path`` (``---`` between them), empty ones left out."""
     text = read_text(path, what=what)
     try:
-        docs = [d for d in yaml.safe_load_all(text) if d is not None]
+        return [d for d in yaml.safe_load_all(text) if d is not None]
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" at line {mark.line + 1}" if mark is not None else ""
         problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
         raise BadInput(f"{path}: not YAML{where}: {problem}") from None
+
+
+def read_yaml(path: Path, *, what: str) -> Any:
+    """One YAML document from ``path``."""
+    docs = read_yaml_documents(path, what=what)
     if len(docs) != 1:
         raise BadInput(f"{path}: expected one YAML document with a {what}, found {len(docs)}")
     return docs[0]

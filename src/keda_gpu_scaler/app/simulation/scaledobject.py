@@ -14,7 +14,7 @@ from typing import Annotated, Any, TypeVar
 
 import msgspec
 
-from keda_gpu_scaler.app.simulation.inputs import BadInput, convert, read_yaml
+from keda_gpu_scaler.app.simulation.inputs import BadInput, convert, read_yaml_documents
 from keda_gpu_scaler.domain.errors import InvalidTrigger
 from keda_gpu_scaler.domain.hpa import (
     Behavior,
@@ -140,17 +140,53 @@ class Plan:
     """What the simulator does differently (external-push), and trigger metadata warnings."""
 
 
-def read_scaled_object(path: Path) -> Plan:
-    obj = read_yaml(path, what="ScaledObject")
-    if not isinstance(obj, dict):
-        raise BadInput(f"{path}: not a ScaledObject (a mapping with apiVersion, kind, spec)")
-    kind = obj.get("kind")
-    if obj.get("apiVersion") != "keda.sh/v1alpha1" or kind != "ScaledObject":
-        raise BadInput(
-            f"{path}: apiVersion {obj.get('apiVersion')!r}, kind {kind!r}: only a ScaledObject "
-            "(keda.sh/v1alpha1) is simulated"
-        )
+def read_scaled_object(path: Path, *, name: str | None = None) -> Plan:
+    """The ScaledObject of ``path``: its one document, or the one ScaledObject among several
+    documents (a Deployment and its ScaledObject, say), or the one named ``name``."""
+    docs = read_yaml_documents(path, what="ScaledObject")
+    if len(docs) == 1 and name is None:
+        obj = docs[0]
+        if not isinstance(obj, dict):
+            raise BadInput(f"{path}: not a ScaledObject (a mapping with apiVersion, kind, spec)")
+        if not _is_scaled_object(obj):
+            raise BadInput(
+                f"{path}: apiVersion {obj.get('apiVersion')!r}, kind {obj.get('kind')!r}: only a "
+                "ScaledObject (keda.sh/v1alpha1) is simulated"
+            )
+    else:
+        obj = _pick(path, docs, name)
     return plan_of(convert(obj, _ScaledObject, origin=str(path)), origin=str(path))
+
+
+def _is_scaled_object(doc: Any) -> bool:
+    return (
+        isinstance(doc, dict)
+        and doc.get("apiVersion") == "keda.sh/v1alpha1"
+        and doc.get("kind") == "ScaledObject"
+    )
+
+
+def _name_of(doc: dict[str, Any]) -> str:
+    metadata = doc.get("metadata")
+    return str(metadata.get("name", "")) if isinstance(metadata, dict) else ""
+
+
+def _pick(path: Path, docs: list[Any], name: str | None) -> dict[str, Any]:
+    found = [d for d in docs if _is_scaled_object(d)]
+    names = ", ".join(_name_of(d) or "(no name)" for d in found)
+    if not found:
+        kinds = ", ".join(str(d.get("kind")) if isinstance(d, dict) else "?" for d in docs)
+        raise BadInput(
+            f"{path}: no ScaledObject (keda.sh/v1alpha1) among its {len(docs)} documents ({kinds})"
+        )
+    if name is not None:
+        named = [d for d in found if _name_of(d) == name]
+        if not named:
+            raise BadInput(f"{path}: no ScaledObject named {name!r}; there are: {names}")
+        found = named
+    if len(found) > 1:
+        raise BadInput(f"{path}: {len(found)} ScaledObjects ({names}): choose one with --name")
+    return found[0]  # type: ignore[no-any-return]
 
 
 def plan_of(so: _ScaledObject, *, origin: str) -> Plan:
