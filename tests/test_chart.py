@@ -1,6 +1,6 @@
 """The Helm chart k8s/helm/keda-gpu-scaler: linted, rendered, validated and refused offline.
 
-helm comes from the test environment (scripts/fetch_helm.py puts it there when .venv is
+helm comes from the test environment (scripts/fetch_tools.py puts it there when .venv is
 built); no cluster and no network are used. Every rendered set is validated like the
 kustomize renders (tests/k8s_tools.py), and the committed k8s/base and
 k8s/keda-gpu-scaler.yaml must be exactly what the chart renders.

@@ -1156,3 +1156,18 @@ def test_the_release_workflow_pushes_a_multi_platform_image_of_the_charts_name()
     for step in job["steps"]:
         if "uses" in step:
             assert re.fullmatch(r"[\w-]+/[\w-]+@v\d+", step["uses"]), step["uses"]
+
+
+# --- the oldest kustomize the docs support -------------------------------------------------
+
+KUSTOMIZATIONS = sorted(
+    str(p.parent.relative_to(K8S)) for p in K8S.glob("overlays/*/kustomization.yaml")
+)
+
+
+@pytest.mark.parametrize("overlay", ["base", *KUSTOMIZATIONS])
+def test_kubectl_1_32_renders_every_overlay_as_the_current_one_does(overlay: str) -> None:
+    """kubectl 1.32 embeds kustomize v5.5, which panicked on a file of several delete patches."""
+    result = run_tool([tool("kubectl-1.32"), "kustomize", K8S / overlay], scratch())
+    assert result.returncode == 0, result.stderr[:2000]
+    assert load_all(result.stdout) == render(overlay)
