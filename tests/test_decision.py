@@ -152,6 +152,15 @@ def test_engine_metrics_read_the_samplers_newest_scrape() -> None:
         measure(parse_trigger({"metricType": "vllm_kv_cache_usage", **VLLM_SPEC}), snap, 100.0)
 
 
+def test_a_scrape_error_that_names_the_url_is_not_prefixed_with_it_again() -> None:
+    spec = parse_trigger({"profile": "vllm-queue-depth", **VLLM_SPEC})
+    error = "http://vllm:8000/metrics (10.0.0.7): returned HTTP 404"
+    with pytest.raises(NoData) as caught:
+        measure(spec, _engine_snapshot(_vllm(error=error)), 100.0)
+    assert str(caught.value) == error
+    assert str(caught.value).count("http://vllm:8000/metrics") == 1
+
+
 def test_engine_failure_staleness_and_refusal() -> None:
     spec = parse_trigger({"profile": "vllm-queue-depth", **VLLM_SPEC})
     down = _engine_snapshot(_vllm(error="connection failed: connection refused"))

@@ -208,7 +208,9 @@ def _measure_engine(
     if age > stale_limit_s(sample.period_s):
         raise NoData(f"{target.url}: the newest scrape is stale ({age:.1f} s old)")
     if sample.reading is None:
-        raise NoData(f"{target.url}: {sample.error}")
+        # A scrape's error names the URL (and the address it reached) itself.
+        error = sample.error or "no reading"
+        raise NoData(error if error.startswith(target.url) else f"{target.url}: {error}")
     value = sample.reading.value(info.engine_field)
     if value is None:
         why = sample.reading.why_absent(info.engine_field) or "not in the payload"
