@@ -115,11 +115,9 @@ image_config() {
 
 # in_image COMMAND...: COMMAND in a container of the image, as the image's user, on its root
 # file system mounted read-only, with a fresh /proc, a small /tmp (as the chart gives the
-# pod) and a network of its own with loopback only.
+# pod) and a network of its own with loopback only. Every run shares one container's root
+# file system (CONTAINER_ROOT): read-only, none can change what the next one sees.
 in_image() {
-    local container root status=0
-    container=$(buildah "${STORAGE[@]}" from --quiet "$IMAGE")
-    root=$(buildah "${STORAGE[@]}" mount "$container")
     unshare --mount --net --pid --fork --mount-proc sh -ec '
         root=$1 user=$2
         shift 2
@@ -129,23 +127,32 @@ in_image() {
         mount -t proc proc "$root/proc"
         mount -t tmpfs -o size=16m,mode=1777 tmpfs "$root/tmp"
         exec chroot --userspec="$user" "$root" "$@"
-    ' sh "$root" "$IMAGE_USER" /usr/bin/env -i "${IMAGE_ENV[@]}" "$@" || status=$?
-    buildah "${STORAGE[@]}" umount "$container" > /dev/null
-    buildah "${STORAGE[@]}" rm "$container" > /dev/null
-    return "$status"
+    ' sh "$CONTAINER_ROOT" "$IMAGE_USER" /usr/bin/env -i "${IMAGE_ENV[@]}" "$@"
 }
 
 # image ARGS...: the image's entrypoint with ARGS, as `docker run IMAGE ARGS` would.
 image() { in_image "${IMAGE_ENTRYPOINT[@]}" "$@"; }
 
+# A check that fails ends the checks' subshell (errexit does not hold there).
 fail() {
     echo "image: $1" >&2
-    return 1
+    exit 1
 }
 
 checks() {
-    local out
+    local container
     image_config
+    container=$(buildah "${STORAGE[@]}" from --quiet "$IMAGE")
+    CONTAINER_ROOT=$(buildah "${STORAGE[@]}" mount "$container")
+    local status=0
+    (run_checks) || status=$?
+    buildah "${STORAGE[@]}" umount "$container" > /dev/null
+    buildah "${STORAGE[@]}" rm "$container" > /dev/null
+    return "$status"
+}
+
+run_checks() {
+    local out
     [[ $IMAGE_USER == "65532:65532" ]] || fail "the image's user is $IMAGE_USER"
     out=$(image --version)
     [[ $out == "keda-gpu-scaler $VERSION" ]] || fail "--version said: $out"
