@@ -46,7 +46,7 @@ unit: $(VENV)/.installed-test
 e2e: e2e-build
 	$(BIN)/python e2e/run.py
 
-e2e-build: $(VENV)/.installed-test $(BIN)/helm
+e2e-build: $(VENV)/.installed-test
 	$(BIN)/python e2e/build.py
 
 proto: $(VENV)/.installed-test
