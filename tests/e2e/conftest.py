@@ -22,7 +22,8 @@ from typing import Any
 
 import pytest
 
-from tests.e2e.harness.chart import Helm, Release
+from tests.e2e.harness import network
+from tests.e2e.harness.chart import VALUES, Helm, Release
 from tests.e2e.harness.controlplane import KEDA_NAMESPACE, ControlPlane, Paths
 from tests.e2e.harness.scaler import grpcio_modules
 from tests.grpcio_client import GrpcioModules
@@ -133,3 +134,20 @@ def node_release(plane: ControlPlane, gpu_nodes: list[str], helm: Helm) -> Relea
     """The chart as the README installs it (node agents, pod attribution on) in ``keda``,
     whose ServiceAccount and roles the node agents of the scenarios run with."""
     return helm.install("keda-gpu-scaler", KEDA_NAMESPACE)
+
+
+CLUSTER_NAMESPACE = "gpu-cluster"
+
+
+@pytest.fixture(scope="session")
+def cluster_release(plane: ControlPlane, gpu_nodes: list[str], helm: Helm) -> Release:
+    """The chart in cluster mode (docs/cluster.md) in a namespace of its own: the node agents'
+    DaemonSet and headless Service, the cluster scaler's Deployment, each role's account."""
+    plane.namespace(CLUSTER_NAMESPACE)
+    return helm.install("gpu", CLUSTER_NAMESPACE, values=[VALUES / "cluster-values.yaml"])
+
+
+@pytest.fixture(scope="session")
+def pod_addresses() -> Iterator[str]:
+    """Addresses for the pods the harness's kubelets start, unique over the whole run."""
+    return network.pod_addresses()

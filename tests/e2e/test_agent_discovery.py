@@ -1,14 +1,16 @@
-"""Agent discovery: a cluster scaler finds node agents through EndpointSlices made by the real
-endpointslice controller.
+"""Agent discovery: the chart's cluster mode, its agents found through EndpointSlices made by
+the real endpointslice controller.
 
-Three node agents listen on their pods' addresses (10.99.1.x, local to the suite's network
-namespace), each replaying a GPU at its own utilization. Their pods exist in the API, with the
-status a kubelet would write; the agents' headless Service selects them, and the
-endpointslice controller of kube-controller-manager publishes their addresses and readiness.
-The cluster scaler, given ``--agents endpoints:NAMESPACE/SERVICE:grpc``, must link exactly the
-ready agents: an agent whose pod turns not ready, or is deleted, drops out of the answers (a
-partial ``avg`` answered from the others, a partial ``sum`` refused), and comes back when its
-pod is ready again.
+The chart is installed with ``role: cluster``. Its DaemonSet controller makes one agent pod
+per GPU node; the harness's kubelet binds each and reports it Running and Ready with an
+address of its own (10.99.1.x, local to the suite's network namespace), on which a node agent
+then listens, replaying a GPU at its own utilization. The endpointslice controller publishes
+those pods behind the chart's headless ``-agents`` Service, and a cluster scaler, running with
+a token of the chart's cluster ServiceAccount and ``--agents endpoints:NAMESPACE/SERVICE:grpc``
+(what the chart's Deployment runs), must link exactly the ready agents: an agent whose pod
+turns not ready drops out of the answers (a partial ``avg`` answered from the others, a
+partial ``sum`` refused) and comes back when ready; a deleted agent pod is replaced by the
+DaemonSet, and the replacement is linked once an agent listens on its address.
 """
 
 from __future__ import annotations
@@ -21,15 +23,15 @@ from typing import Any
 
 import pytest
 
+from tests.e2e.conftest import CLUSTER_NAMESPACE
+from tests.e2e.harness.chart import Release
 from tests.e2e.harness.controlplane import ControlPlane
-from tests.e2e.harness.kubelet import ready_status
+from tests.e2e.harness.kubelet import Kubelet, ready_status
 from tests.e2e.harness.processes import Process, wait_for
-from tests.e2e.harness.scaler import Ports, ScalerClient, start_scaler
+from tests.e2e.harness.scaler import Ports, ScalerClient, not_json, start_scaler
 from tests.e2e.harness.traces import write_trace
 from tests.grpcio_client import GrpcioModules
 
-NAMESPACE = "gpu-agents"
-SERVICE = "gpu-agents"
 UTILIZATION = {1: 10.0, 2: 20.0, 3: 60.0}
 AVG = {
     "metricType": "gpu_utilization",
@@ -39,169 +41,170 @@ AVG = {
 }
 SUM = {"metricType": "gpu_utilization", "aggregation": "sum", "targetValue": "50"}
 CLUSTER_PORTS = Ports(grpc=16020, metrics=19020, probes=18020)
-AGENT_GRPC = 6000
 CHANGE_S = 15.0
 """An endpoint's change reaches the answers within the watch's event plus the staleness of the
 dropped agent's readings (three periods, docs/architecture.md)."""
 
 
 @dataclass
-class Agents:
-    addresses: dict[int, str]
-    processes: dict[int, Process]
-    cluster: Process
+class Cluster:
+    plane: ControlPlane
+    release: Release
+    nodes: list[str]
+    tmp: Path
+    agents: dict[str, Process]
+    """The node agent listening on each agent pod's address, by pod name."""
     client: ScalerClient
 
+    def agent_pods(self) -> dict[str, dict[str, Any]]:
+        """The running agent pods by node."""
+        daemonset = self.release.find("DaemonSet")["metadata"]["name"]
+        pods = self.plane.admin.get(f"/api/v1/namespaces/{CLUSTER_NAMESPACE}/pods")["items"]
+        return {
+            p["spec"]["nodeName"]: p
+            for p in pods
+            if p.get("status", {}).get("phase") == "Running"
+            and not p["metadata"].get("deletionTimestamp")
+            and any(o["name"] == daemonset for o in p["metadata"].get("ownerReferences", []))
+        }
 
-def _pod(n: int, node: str) -> dict[str, Any]:
-    return {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {"name": f"agent-{n}", "namespace": NAMESPACE, "labels": {"app": "gpu-agent"}},
-        "spec": {
-            "nodeName": node,
-            "containers": [
-                {
-                    "name": "agent",
-                    "image": "keda-gpu-scaler",
-                    "ports": [{"name": "grpc", "containerPort": AGENT_GRPC}],
-                }
-            ],
-        },
-    }
+    def start_agent(self, node: str, pod: dict[str, Any]) -> None:
+        n = self.nodes.index(node) + 1
+        address = pod["status"]["podIP"]
+        trace = write_trace(
+            self.tmp / f"{pod['metadata']['name']}.jsonl",
+            [(0, UTILIZATION[n])],
+            duration_s=600,
+            gpus=[f"GPU-0e2e0000-0000-4000-8000-00000000010{n}"],
+        )
+        self.agents[pod["metadata"]["name"]] = start_scaler(
+            f"discovery-{pod['metadata']['name']}",
+            [f"--source=replay:{trace}", "--pod-resources-socket=", f"--node-name={node}"],
+            logs=self.plane.paths.logs,
+            host=address,
+            ports=Ports(grpc=6000, metrics=9090, probes=8081),
+        )
 
-
-def _set_ready(plane: ControlPlane, n: int, address: str, ready: bool) -> None:
-    path = f"/api/v1/namespaces/{NAMESPACE}/pods/agent-{n}"
-    current = plane.admin.get(path)
-    status = ready_status(current, address)
-    if not ready:
+    def set_ready(self, pod: dict[str, Any], ready: bool) -> None:
+        path = f"/api/v1/namespaces/{CLUSTER_NAMESPACE}/pods/{pod['metadata']['name']}"
+        current = self.plane.admin.get(path)
+        status = ready_status(current, current["status"]["podIP"])
         for condition in status["conditions"]:
             if condition["type"] in ("Ready", "ContainersReady"):
-                condition["status"] = "False"
+                condition["status"] = "True" if ready else "False"
         for container in status["containerStatuses"]:
-            container["ready"] = False
-    plane.admin.put(f"{path}/status", current | {"status": status})
+            container["ready"] = ready
+        self.plane.admin.put(f"{path}/status", current | {"status": status})
+
+    def slice_addresses(self) -> dict[str, bool]:
+        service = f"{self.release.find('DaemonSet')['metadata']['name']}-agents"
+        slices = self.plane.admin.get(
+            f"/apis/discovery.k8s.io/v1/namespaces/{CLUSTER_NAMESPACE}/endpointslices",
+            labelSelector=f"kubernetes.io/service-name={service}",
+        )["items"]
+        return {
+            address: bool(endpoint.get("conditions", {}).get("ready", True))
+            for item in slices
+            for endpoint in item.get("endpoints") or []
+            for address in endpoint["addresses"]
+        }
+
+    def answers(self, metadata: dict[str, str], expected: str | float, what: str) -> None:
+        seen: list[str | float] = []
+
+        def answered() -> bool:
+            seen.append(self.client.outcome(metadata, namespace=CLUSTER_NAMESPACE))
+            return seen[-1] == expected
+
+        try:
+            wait_for(what, answered, timeout_s=CHANGE_S, every_s=0.1)
+        except Exception as exc:
+            raise AssertionError(f"{exc}; last answers {seen[-5:]}") from exc
 
 
 @pytest.fixture
-def agents(
-    plane: ControlPlane, gpu_nodes: list[str], grpcio_mods: GrpcioModules, tmp_path: Path
-) -> Iterator[Agents]:
-    plane.namespace(NAMESPACE)
-    plane.admin.apply(
-        {
-            "apiVersion": "v1",
-            "kind": "Service",
-            "metadata": {"name": SERVICE, "namespace": NAMESPACE},
-            "spec": {
-                "clusterIP": "None",
-                "selector": {"app": "gpu-agent"},
-                "ports": [{"name": "grpc", "port": AGENT_GRPC, "targetPort": "grpc"}],
-            },
-        }
-    )
-    addresses = {n: f"10.99.1.{20 + n}" for n in UTILIZATION}
-    processes: dict[int, Process] = {}
-    try:
-        for n, util in UTILIZATION.items():
-            trace = write_trace(
-                tmp_path / f"agent-{n}.jsonl",
-                [(0, util)],
-                duration_s=600,
-                gpus=[f"GPU-0e2e0000-0000-4000-8000-00000000010{n}"],
-            )
-            processes[n] = start_scaler(
-                f"discovery-agent-{n}",
-                [
-                    f"--source=replay:{trace}",
-                    "--pod-resources-socket=",
-                    f"--node-name={gpu_nodes[n - 1]}",
-                ],
-                logs=plane.paths.logs,
-                host=addresses[n],
-                ports=Ports(grpc=AGENT_GRPC, metrics=9090, probes=8081),
-            )
-            plane.admin.post(f"/api/v1/namespaces/{NAMESPACE}/pods", _pod(n, gpu_nodes[n - 1]))
-            _set_ready(plane, n, addresses[n], True)
-        cluster = start_scaler(
+def cluster(
+    plane: ControlPlane,
+    gpu_nodes: list[str],
+    cluster_release: Release,
+    grpcio_mods: GrpcioModules,
+    pod_addresses: Iterator[str],
+    tmp_path: Path,
+) -> Iterator[Cluster]:
+    account = cluster_release.find("Deployment")["spec"]["template"]["spec"]["serviceAccountName"]
+    kubeconfig = plane.kubeconfig_for(CLUSTER_NAMESPACE, account, tmp_path / "cluster.kubeconfig")
+    service = f"{cluster_release.find('DaemonSet')['metadata']['name']}-agents"
+    with Kubelet(
+        plane.admin, namespaces=[CLUSTER_NAMESPACE], nodes=gpu_nodes, addresses=pod_addresses
+    ):
+        agents: dict[str, Process] = {}
+        scaler = start_scaler(
             "discovery-cluster",
             [
                 "--source=agents",
-                f"--agents=endpoints:{NAMESPACE}/{SERVICE}:grpc",
+                f"--agents=endpoints:{CLUSTER_NAMESPACE}/{service}:grpc",
                 "--pod-resources-socket=",
             ],
             logs=plane.paths.logs,
             ports=CLUSTER_PORTS,
-            env=dict(os.environ) | {"KUBECONFIG": str(plane.admin_kubeconfig)},
+            env=dict(os.environ) | {"KUBECONFIG": str(kubeconfig)},
             wait_ready=False,
         )
         client = ScalerClient(grpcio_mods, f"127.0.0.1:{CLUSTER_PORTS.grpc}")
+        found = Cluster(plane, cluster_release, gpu_nodes, tmp_path, agents, client)
         try:
-            yield Agents(addresses, processes, cluster, client)
+            wait_for(
+                "an agent pod Running on every GPU node",
+                lambda: len(found.agent_pods()) == 3,
+                timeout_s=60,
+            )
+            for node, pod in found.agent_pods().items():
+                found.start_agent(node, pod)
+            yield found
         finally:
             client.close()
-            cluster.stop()
-    finally:
-        for process in processes.values():
-            process.stop()
-        for n in UTILIZATION:
-            plane.admin.delete(f"/api/v1/namespaces/{NAMESPACE}/pods/agent-{n}", grace_s=0)
+            scaler.stop()
+            for agent in agents.values():
+                agent.stop()
+    for process in [scaler, *agents.values()]:
+        assert not_json(process.log) == []
 
 
-def _answers(agents: Agents, metadata: dict[str, str], expected: str | float, what: str) -> None:
-    seen: list[str | float] = []
-
-    def answered() -> bool:
-        seen.append(agents.client.outcome(metadata, namespace=NAMESPACE))
-        return seen[-1] == expected
-
-    try:
-        wait_for(what, answered, timeout_s=CHANGE_S, every_s=0.1)
-    except Exception as exc:
-        raise AssertionError(f"{exc}; last answers {seen[-5:]}") from exc
-
-
-def _slice_addresses(plane: ControlPlane) -> dict[str, bool]:
-    slices = plane.admin.get(
-        f"/apis/discovery.k8s.io/v1/namespaces/{NAMESPACE}/endpointslices",
-        labelSelector=f"kubernetes.io/service-name={SERVICE}",
-    )["items"]
-    return {
-        address: bool(endpoint.get("conditions", {}).get("ready", True))
-        for item in slices
-        for endpoint in item.get("endpoints") or []
-        for address in endpoint["addresses"]
-    }
-
-
-def test_the_cluster_scaler_links_the_ready_agents_its_service_selects(
-    plane: ControlPlane, agents: Agents
-) -> None:
+def test_the_cluster_scaler_links_the_ready_agents_of_the_charts_service(cluster: Cluster) -> None:
+    addresses = {node: pod["status"]["podIP"] for node, pod in cluster.agent_pods().items()}
     wait_for(
-        "the endpointslice controller",
-        lambda: _slice_addresses(plane) == dict.fromkeys(agents.addresses.values(), True),
+        "the endpointslice controller publishing every agent, ready",
+        lambda: cluster.slice_addresses() == dict.fromkeys(addresses.values(), True),
         timeout_s=30,
     )
-    _answers(agents, SUM, 90.0, "every agent linked")
-    _answers(agents, AVG, 30.0, "the average over three nodes")
+    cluster.answers(SUM, 90.0, "every agent linked")
+    cluster.answers(AVG, 30.0, "the average over three nodes")
 
-    _set_ready(plane, 2, agents.addresses[2], False)
+    second = cluster.agent_pods()[cluster.nodes[1]]
+    cluster.set_ready(second, False)
     wait_for(
-        "agent-2 not ready in its slice",
-        lambda: _slice_addresses(plane).get(agents.addresses[2]) is False,
+        "agent 2 not ready in its slice",
+        lambda: cluster.slice_addresses().get(addresses[cluster.nodes[1]]) is False,
         timeout_s=30,
     )
-    _answers(agents, AVG, 35.0, "agent-2 left out of the average")
-    _answers(agents, SUM, "UNAVAILABLE", "a partial sum refused")
+    cluster.answers(AVG, 35.0, "agent 2 left out of the average")
+    cluster.answers(SUM, "UNAVAILABLE", "a partial sum refused")
+    cluster.set_ready(second, True)
+    cluster.answers(SUM, 90.0, "agent 2 linked again")
 
-    _set_ready(plane, 2, agents.addresses[2], True)
-    _answers(agents, SUM, 90.0, "agent-2 linked again")
-
-    plane.admin.delete(f"/api/v1/namespaces/{NAMESPACE}/pods/agent-3", grace_s=0)
+    third = cluster.agent_pods()[cluster.nodes[2]]
+    cluster.plane.admin.delete(
+        f"/api/v1/namespaces/{CLUSTER_NAMESPACE}/pods/{third['metadata']['name']}", grace_s=0
+    )
+    cluster.agents.pop(third["metadata"]["name"]).stop()
+    cluster.answers(AVG, 15.0, "node 3 missing while its agent is replaced")
     wait_for(
-        "agent-3 gone from the slices",
-        lambda: agents.addresses[3] not in _slice_addresses(plane),
+        "the DaemonSet's replacement Running",
+        lambda: (
+            cluster.agent_pods().get(cluster.nodes[2], third)["metadata"]["uid"]
+            != third["metadata"]["uid"]
+        ),
         timeout_s=30,
     )
-    _answers(agents, AVG, 15.0, "agent-3's node missing once its pod is deleted")
+    cluster.start_agent(cluster.nodes[2], cluster.agent_pods()[cluster.nodes[2]])
+    cluster.answers(AVG, 30.0, "the replacement linked")

@@ -57,6 +57,8 @@ VARIANTS = [
         "k0s", ("k0s-pod-attribution-values.yaml",), "privileged", _service_account("gpu-scaler")
     ),
     Variant("prometheus", ("prometheus-values.yaml",), "privileged"),
+    # The node agents (pod attribution: privileged) and the cluster scaler (restricted).
+    Variant("cluster", ("cluster-values.yaml",), "privileged"),
 ]
 
 
@@ -67,17 +69,23 @@ def _namespace(plane: ControlPlane, name: str, standard: str) -> None:
     plane.namespace(name, labels)
 
 
-def _daemonset_pods(plane: ControlPlane, release: Release) -> list[dict[str, Any]]:
+def _owned_pods(plane: ControlPlane, release: Release, kind: str) -> list[dict[str, Any]]:
+    """The pods the release's DaemonSet (or Deployment, through its ReplicaSet) made."""
     pods = plane.admin.get(f"/api/v1/namespaces/{release.namespace}/pods")["items"]
-    name = release.find("DaemonSet")["metadata"]["name"]
+    name = release.find(kind)["metadata"]["name"]
+    owner = "DaemonSet" if kind == "DaemonSet" else "ReplicaSet"
     return [
         p
         for p in pods
         if any(
-            o["kind"] == "DaemonSet" and o["name"] == name
+            o["kind"] == owner and o["name"].startswith(name)
             for o in p["metadata"].get("ownerReferences", [])
         )
     ]
+
+
+def _daemonset_pods(plane: ControlPlane, release: Release) -> list[dict[str, Any]]:
+    return _owned_pods(plane, release, "DaemonSet")
 
 
 def _refusals(plane: ControlPlane, namespace: str) -> list[str]:
@@ -110,6 +118,15 @@ def test_each_variant_installs_and_its_pod_is_admitted_at_the_standard_the_docs_
         pods = _daemonset_pods(plane, release)
         assert pods, f"no pod of {variant.name}"
         assert pods[0]["metadata"]["labels"]["app.kubernetes.io/name"] == "keda-gpu-scaler"
+        replicas = sum(d["spec"]["replicas"] for d in release.all("Deployment"))
+        if replicas:
+            wait_for(
+                f"{variant.name}: the cluster scaler's pods",
+                lambda: len(_owned_pods(plane, release, "Deployment")) == replicas
+                or bool(_refusals(plane, namespace)),
+                timeout_s=60,
+            )
+            assert _refusals(plane, namespace) == []
     finally:
         helm.uninstall(release.name, namespace)
         plane.admin.delete(f"/api/v1/namespaces/{namespace}")

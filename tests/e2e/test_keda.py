@@ -26,7 +26,6 @@ from typing import Any
 import pytest
 import yaml
 
-from tests.e2e.harness import network
 from tests.e2e.harness.controlplane import HPA_SYNC_S, ControlPlane
 from tests.e2e.harness.kubelet import Kubelet
 from tests.e2e.harness.processes import Process
@@ -77,16 +76,16 @@ def _scaled_object(name: str, trigger_type: str) -> dict[str, Any]:
 
 
 @pytest.fixture
-def loop(keda: ControlPlane, gpu_nodes: list[str], tmp_path: Path) -> Iterator[Loop]:
+def loop(
+    keda: ControlPlane, gpu_nodes: list[str], pod_addresses: Iterator[str], tmp_path: Path
+) -> Iterator[Loop]:
     keda.namespace(NAMESPACE)
     trace = write_trace(tmp_path / "trace.jsonl", SCHEDULE, duration_s=END_S + 120)
     objects = {
         "poll": _scaled_object("poll", "external"),
         "push": _scaled_object("push", "external-push"),
     }
-    with Kubelet(
-        keda.admin, namespaces=[NAMESPACE], nodes=gpu_nodes, addresses=network.pod_addresses()
-    ):
+    with Kubelet(keda.admin, namespaces=[NAMESPACE], nodes=gpu_nodes, addresses=pod_addresses):
         for name in objects:
             keda.admin.apply(deployment(name, NAMESPACE))
         # The trace's time 0 is when the replay starts, a little after the process does.

@@ -1,10 +1,12 @@
 """RBAC for real: the product authorized by the chart's roles and nothing else.
 
-The node agent runs as a local process with a token of the chart's own ServiceAccount (the
-TokenRequest API, as the kubelet mounts one), so every request it makes is authorized by the
-chart's ClusterRole through the API server's RBAC authorizer. The API server's audit log
-records each request with its verb, resource and answer. After the agent has done its work
-(listed and watched its node's pods, answered a ``podSelector`` trigger from them):
+The node agent and the cluster scaler run as local processes with tokens of the chart's own
+ServiceAccounts (the TokenRequest API, as the kubelet mounts one), so every request they make
+is authorized by the chart's ClusterRoles through the API server's RBAC authorizer. The API
+server's audit log records each request with its verb, resource and answer. After each has
+done its work (the agent: listed and watched its node's pods and ResourceSlices, answered a
+``podSelector`` trigger from them; the cluster scaler: discovered the agents through their
+Service's EndpointSlices, watched the pods of the namespace a trigger names):
 
 - no request was refused (a verb missing from the chart would be a 403 here);
 - every verb the chart grants was used (a verb the product never uses does not belong in it).
@@ -18,6 +20,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+from tests.e2e.conftest import CLUSTER_NAMESPACE
 from tests.e2e.harness.chart import Release
 from tests.e2e.harness.controlplane import KEDA_NAMESPACE, ControlPlane
 from tests.e2e.harness.kubelet import ready_status
@@ -29,6 +32,7 @@ from tests.grpcio_client import GrpcioModules
 
 NAMESPACE = "rbac"
 PORTS = Ports(grpc=16050, metrics=19050, probes=18050)
+CLUSTER_PORTS = Ports(grpc=16051, metrics=19051, probes=18051)
 TRIGGER = {"metricType": "gpu_utilization", "podSelector": "app=served", "targetValue": "50"}
 
 Grant = tuple[str, str, str]
@@ -131,11 +135,16 @@ def test_the_node_agent_needs_exactly_what_the_chart_grants(
             agent.stop()
 
     user = f"system:serviceaccount:{KEDA_NAMESPACE}:{account}"
-    requests = requests_of(plane, user, began)
+    _assert_exactly_granted(plane, user, role, began)
+
+
+def _assert_exactly_granted(
+    plane: ControlPlane, user: str, role: dict[str, Any], since: float
+) -> None:
+    requests = requests_of(plane, user, since)
+    assert requests, f"no request of {user} in the audit log"
     refused = [
-        (e["verb"], e["requestURI"], e["responseStatus"].get("code"))
-        for e in requests
-        if e["responseStatus"].get("code") == 403
+        (e["verb"], e["requestURI"]) for e in requests if e["responseStatus"].get("code") == 403
     ]
     assert refused == [], refused
     used = {
@@ -145,3 +154,51 @@ def test_the_node_agent_needs_exactly_what_the_chart_grants(
     grants = granted(role["rules"])
     assert used <= grants, f"used but not granted: {used - grants}"
     assert grants <= used, f"granted but never used (remove from the chart): {grants - used}"
+
+
+def test_the_cluster_scaler_needs_exactly_what_the_chart_grants(
+    plane: ControlPlane,
+    cluster_release: Release,
+    grpcio_mods: GrpcioModules,
+    tmp_path: Path,
+) -> None:
+    began = time.time()
+    plane.namespace(NAMESPACE)
+    deployment = cluster_release.find("Deployment")
+    account = deployment["spec"]["template"]["spec"]["serviceAccountName"]
+    role = next(
+        r
+        for r in cluster_release.all("ClusterRole")
+        if r["metadata"]["name"] == deployment["metadata"]["name"]
+    )
+    kubeconfig = plane.kubeconfig_for(CLUSTER_NAMESPACE, account, tmp_path / "cluster.kubeconfig")
+    service = f"{cluster_release.find('DaemonSet')['metadata']['name']}-agents"
+    scaler = start_scaler(
+        "rbac-cluster",
+        [
+            "--source=agents",
+            f"--agents=endpoints:{CLUSTER_NAMESPACE}/{service}:grpc",
+            "--pod-resources-socket=",
+        ],
+        logs=plane.paths.logs,
+        ports=CLUSTER_PORTS,
+        env=dict(os.environ) | {"KUBECONFIG": str(kubeconfig)},
+        wait_ready=False,
+    )
+    client = ScalerClient(grpcio_mods, f"127.0.0.1:{CLUSTER_PORTS.grpc}")
+    user = f"system:serviceaccount:{CLUSTER_NAMESPACE}:{account}"
+    try:
+        # A trigger naming a namespace starts the watch of its pods (--pod-namespaces triggers),
+        # asked again until the scaler (not waited for: it has no agent) is listening.
+        def watching() -> bool:
+            client.outcome(TRIGGER, namespace=NAMESPACE)
+            requests = requests_of(plane, user, began)
+            return {"pods", "endpointslices"} <= {
+                e["objectRef"]["resource"] for e in requests if e["verb"] == "watch"
+            }
+
+        wait_for("the cluster scaler watching pods and EndpointSlices", watching, timeout_s=30)
+    finally:
+        client.close()
+        scaler.stop()
+    _assert_exactly_granted(plane, user, role, began)
