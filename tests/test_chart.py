@@ -276,7 +276,7 @@ def test_the_dra_join_reads_resourceslices_and_its_value_turns_both_off() -> Non
     assert env_of(on)["KEDA_GPU_SCALER_DRA_JOIN"]["value"] == "true"
     (role,) = of_kind(on, "ClusterRole")
     slices = {"apiGroups": ["resource.k8s.io"], "resources": ["resourceslices"]}
-    assert {**slices, "verbs": ["get", "list", "watch"]} in role["rules"]
+    assert {**slices, "verbs": ["list", "watch"]} in role["rules"]
     assert not any("resourceclaims" in rule["resources"] for rule in role["rules"])
     off = template(None, "podAttribution.draJoin=false")
     assert env_of(off)["KEDA_GPU_SCALER_DRA_JOIN"]["value"] == "false"
@@ -315,7 +315,7 @@ def test_notes_say_what_pod_attribution_takes() -> None:
     on = notes()
     assert SOCKET in on
     assert "uid 0 without any capability" in on
-    assert f"ClusterRole {RELEASE} grants get, list and watch on pods" in on
+    assert f"ClusterRole {RELEASE} grants list and watch on pods" in on
     assert "and on\nresourceslices (resource.k8s.io) to join GPUs allocated through DRA" in on
     assert "resourceslices" not in notes("podAttribution.draJoin=false")
     assert "privileged-level pods" in on
@@ -537,11 +537,11 @@ def test_cluster_scaler_finds_the_agents_and_reads_only_what_it_needs() -> None:
     assert discovery["spec"]["selector"].items() <= pod_labels_of_daemonset(docs).items()
     role = _by(docs, "ClusterRole", CLUSTER_SCALER)
     assert role["rules"] == [
-        {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch"]},
+        {"apiGroups": [""], "resources": ["pods"], "verbs": ["list", "watch"]},
         {
             "apiGroups": ["discovery.k8s.io"],
             "resources": ["endpointslices"],
-            "verbs": ["get", "list", "watch"],
+            "verbs": ["list", "watch"],
         },
     ]
     # The agents keep their own account and pod reader (their node's pods).

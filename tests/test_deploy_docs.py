@@ -92,7 +92,7 @@ def test_operations_says_what_pod_attribution_needs() -> None:
     for words in (
         "--set podAttribution.enabled=false",
         "kubectl apply -k k8s/overlays/no-pod-attribution",
-        "`get`, `list` and `watch` on `pods`",
+        "`list` and `watch` on `pods`",
         "CAP_DAC_OVERRIDE",
         "`hostUsers: false`",
         "`fsGroup`",

@@ -71,12 +71,12 @@ SCALER_UID = 65532
 # Pod attribution: the kubelet's PodResources socket (the kubelet's root directory, then
 # pod-resources/kubelet.sock) and the only rule the pod watch needs.
 SOCKET = "/var/lib/kubelet/pod-resources/kubelet.sock"
-POD_READER_RULES = [{"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch"]}]
+POD_READER_RULES = [{"apiGroups": [""], "resources": ["pods"], "verbs": ["list", "watch"]}]
 SLICE_READER_RULES = [
     {
         "apiGroups": ["resource.k8s.io"],
         "resources": ["resourceslices"],
-        "verbs": ["get", "list", "watch"],
+        "verbs": ["list", "watch"],
     }
 ]
 """The DRA join (podAttribution.draJoin): this node's ResourceSlices, and no ResourceClaim."""
@@ -304,7 +304,7 @@ def assert_attribution_off(docs: tuple[Obj, ...]) -> None:
 
 
 def assert_pod_reader(docs: tuple[Obj, ...]) -> None:
-    """One ClusterRole, get, list and watch on pods (and, with the DRA join on, on
+    """One ClusterRole, list and watch on pods (and, with the DRA join on, on
     resourceslices) only, bound to the pods' account only."""
     pod = daemonset_of(docs)["spec"]["template"]["spec"]
     (role,) = of_kind(docs, "ClusterRole")
@@ -544,11 +544,11 @@ def test_service_monitor_scrapes_each_pod_once() -> None:
 CLUSTER = "overlays/cluster"
 CLUSTER_SCALER = "keda-gpu-scaler-cluster"
 CLUSTER_READER_RULES = [
-    {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch"]},
+    {"apiGroups": [""], "resources": ["pods"], "verbs": ["list", "watch"]},
     {
         "apiGroups": ["discovery.k8s.io"],
         "resources": ["endpointslices"],
-        "verbs": ["get", "list", "watch"],
+        "verbs": ["list", "watch"],
     },
 ]
 CLUSTER_KINDS = {"ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Service"}
