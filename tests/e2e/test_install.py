@@ -122,8 +122,10 @@ def test_each_variant_installs_and_its_pod_is_admitted_at_the_standard_the_docs_
         if replicas:
             wait_for(
                 f"{variant.name}: the cluster scaler's pods",
-                lambda: len(_owned_pods(plane, release, "Deployment")) == replicas
-                or bool(_refusals(plane, namespace)),
+                lambda: (
+                    len(_owned_pods(plane, release, "Deployment")) == replicas
+                    or bool(_refusals(plane, namespace))
+                ),
                 timeout_s=60,
             )
             assert _refusals(plane, namespace) == []
