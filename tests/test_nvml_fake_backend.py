@@ -18,6 +18,7 @@ from keda_gpu_scaler.sources.nvml.backend import (
     GpmMetric,
     GpuInstanceInfo,
     PcieDirection,
+    ProcessInfo,
 )
 from keda_gpu_scaler.sources.nvml.errors import (
     NvmlAbsent,
@@ -33,6 +34,7 @@ from keda_gpu_scaler.sources.nvml.fake_backend import (
     enable_mig,
     mig_instances,
 )
+from keda_gpu_scaler.sources.nvml.fake_processes import EPOCH_US, FakeMps, FakeProcess
 
 PROBE: dict[str, Any] = json.loads(
     (Path(__file__).parent / "fixtures" / "nvml-h200" / "probe.json").read_text()
@@ -211,3 +213,97 @@ def test_foreign_handles_and_freed_samples_are_refused() -> None:
     assert nvml.live_gpm_samples == 0
     with pytest.raises(NvmlAbsent):
         nvml.gpm_sample_get(nvml.device_handle(0), sample)
+
+
+def _clocked() -> tuple[FakeNvml, list[float]]:
+    now = [10.0]
+    nvml = FakeNvml([FakeGpu("GPU-p")], clock=lambda: now[0])
+    return nvml, now
+
+
+def test_process_samples_follow_the_last_seen_protocol() -> None:
+    nvml, now = _clocked()
+    gpu = nvml.gpus[0]
+    busy, idle = FakeProcess(7, sm=40, memory=10), FakeProcess(8)
+    gpu.processes = [busy, idle]
+    h = nvml.device_handle(0)
+    (first,) = nvml.processes_utilization_info(h, 0)
+    # One entry per busy process, at the CPU clock's microseconds; the idle one is not listed.
+    assert (first.pid, first.sm, first.memory) == (7, 40, 10)
+    assert first.timestamp_us == EPOCH_US + 10_000_000
+    # Nothing newer than what was seen: NotFound, not an empty list and not zeros.
+    with pytest.raises(NvmlAbsent) as caught:
+        nvml.processes_utilization_info(h, first.timestamp_us + 1)
+    assert caught.value.code == NvmlCode.NOT_FOUND
+    now[0] = 11.0
+    busy.sm = 80
+    (second,) = nvml.process_utilization(h, first.timestamp_us)
+    assert (second.sm, second.timestamp_us) == (80, EPOCH_US + 11_000_000)
+    # From 0, every sample the driver keeps, averaged per process.
+    (everything,) = nvml.process_utilization(h, 0)
+    assert everything.sm == (40 + 80) // 2
+
+
+def test_an_exited_process_leaves_its_samples_and_the_list() -> None:
+    nvml, now = _clocked()
+    nvml.gpus[0].processes = [FakeProcess(7, sm=40), FakeProcess(9, sm=20)]
+    h = nvml.device_handle(0)
+    seen = max(s.timestamp_us for s in nvml.process_utilization(h, 0))
+    now[0] = 10.5
+    nvml.exit_process(0, 9)
+    now[0] = 11.0
+    assert [p.pid for p in nvml.compute_processes_v3(h)] == [7]
+    assert [(s.pid, s.sm) for s in nvml.process_utilization(h, seen)] == [(7, 40), (9, 20)]
+
+
+def test_process_calls_by_driver_version_and_device_kind() -> None:
+    nvml, _ = _clocked()
+    gpu = nvml.gpus[0]
+    gpu.processes = [FakeProcess(7, used_memory=None)]
+    gpu.process_call_version = 2
+    gpu.process_utilization_call = "legacy"
+    h = nvml.device_handle(0)
+    assert [(p.pid, p.used_memory) for p in nvml.compute_processes_v2(h)] == [(7, None)]
+    for call in (
+        lambda: nvml.compute_processes_v3(h),
+        lambda: nvml.mps_compute_processes_v3(h),
+        lambda: nvml.processes_utilization_info(h, 0),
+    ):
+        with pytest.raises(NvmlAbsent) as caught:
+            call()
+        assert caught.value.code == NvmlCode.FUNCTION_NOT_FOUND
+    gpu.process_utilization_call = "none"
+    with pytest.raises(NvmlAbsent) as caught:
+        nvml.process_utilization(h, 0)
+    assert caught.value.code == NvmlCode.NOT_SUPPORTED
+
+
+def test_mig_instances_list_their_processes_and_refuse_utilization() -> None:
+    gpu = FakeGpu("GPU-m")
+    instances = mig_instances(0, 2)
+    instances[1].processes = [FakeProcess(5, used_memory=3)]
+    enable_mig(gpu, instances)
+    nvml = FakeNvml([gpu])
+    h = nvml.device_handle(0)
+    i8 = nvml.mig_device_handle(h, 1)
+    assert nvml.compute_processes_v3(i8) == [ProcessInfo(5, 3, 8, 0)]
+    assert nvml.compute_processes_v3(h) == [ProcessInfo(5, 3, 8, 0)]
+    for handle in (h, i8):
+        with pytest.raises(NvmlAbsent) as caught:
+            nvml.processes_utilization_info(handle, 0)
+        assert caught.value.code == NvmlCode.NOT_SUPPORTED
+
+
+def test_mps_lists_the_server_and_its_clients_apart() -> None:
+    nvml, _ = _clocked()
+    gpu = nvml.gpus[0]
+    gpu.mps = FakeMps(FakeProcess(55, used_memory=1))
+    gpu.processes = [FakeProcess(7, used_memory=2, sm=30), FakeProcess(8, used_memory=4, sm=50)]
+    h = nvml.device_handle(0)
+    assert [p.pid for p in nvml.compute_processes_v3(h)] == [55]
+    assert [p.pid for p in nvml.mps_compute_processes_v3(h)] == [7, 8]
+    # The clients' work, sampled under the server's PID.
+    assert [(s.pid, s.sm) for s in nvml.process_utilization(h, 0)] == [(55, 80)]
+    gpu.mps.mps_call_supported = False
+    with pytest.raises(NvmlAbsent):
+        nvml.mps_compute_processes_v3(h)

@@ -52,3 +52,38 @@ def test_only_the_real_backend_imports_pynvml() -> None:
             if any(n.split(".")[0] == "pynvml" for n in names):
                 importers.add(path.relative_to(SRC).as_posix())
     assert importers == {"sources/nvml/pynvml_backend.py"}
+
+
+def test_process_structs_convert_as_nvidia_ml_py_fills_them() -> None:
+    from keda_gpu_scaler.sources.nvml.backend import ProcessInfo, ProcessSample
+    from keda_gpu_scaler.sources.nvml.pynvml_backend import process_info, process_sample
+
+    legacy = pynvml.c_nvmlProcessUtilizationSample_t(4242, 1_767_225_600_123_456, 61, 7, 1, 2)
+    info = pynvml.c_nvmlProcessUtilizationInfo_v1_t(1_767_225_600_123_456, 4242, 61, 7, 1, 2)
+    expected = ProcessSample(4242, 1_767_225_600_123_456, 61, 7, 1, 2)
+    assert process_sample(legacy) == process_sample(info) == expected
+    # nvmlDeviceGetComputeRunningProcesses_v3 returns friendly objects, memory None when N/A.
+    raw = pynvml.c_nvmlProcessInfo_v3_t(4242, 5 << 30, 0xFFFFFFFF, 0xFFFFFFFF)
+    friendly = pynvml.nvmlStructToFriendlyObject(raw)
+    assert process_info(friendly) == ProcessInfo(4242, 5 << 30, None, None)
+    friendly.usedGpuMemory = None
+    friendly.gpuInstanceId, friendly.computeInstanceId = 7, 0
+    assert process_info(friendly) == ProcessInfo(4242, None, 7, 0)
+
+
+def test_a_sizing_call_that_finds_nothing_is_no_sample_and_errors_translate() -> None:
+    from keda_gpu_scaler.sources.nvml.errors import NvmlAbsent, NvmlCode
+    from keda_gpu_scaler.sources.nvml.pynvml_backend import _samples
+
+    def succeeded_empty() -> list[object]:
+        # nvidia-ml-py's wrapper raises NVMLError(NVML_SUCCESS) when the first call succeeds.
+        raise pynvml.NVMLError(pynvml.NVML_SUCCESS)
+
+    def not_found() -> list[object]:
+        raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_FOUND)
+
+    assert _samples("nvmlDeviceGetProcessUtilization", succeeded_empty) == []
+    with pytest.raises(NvmlAbsent) as caught:
+        _samples("nvmlDeviceGetProcessUtilization", not_found)
+    assert caught.value.code == NvmlCode.NOT_FOUND
+    assert isinstance(caught.value.__cause__, pynvml.NVMLError)

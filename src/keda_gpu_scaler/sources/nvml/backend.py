@@ -101,6 +101,35 @@ class GpuInstanceInfo:
 
 
 @dataclass(frozen=True, slots=True)
+class ProcessInfo:
+    """``nvmlProcessInfo_t`` (v2 and v3 alike): one process with a context on the device."""
+
+    pid: int
+    """In the host's PID namespace (the driver does not translate it for every call)."""
+    used_memory: int | None
+    """Bytes of device memory the process uses; None where NVML says it is not available."""
+    gpu_instance_id: int | None = None
+    """On a MIG-enabled GPU: the GPU instance the process runs in."""
+    compute_instance_id: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ProcessSample:
+    """One process's utilization (percent) over the driver's samples newer than the
+    ``lastSeenTimeStamp`` asked with, and the CPU timestamp (µs) of the newest of them.
+
+    NVML returns one per process that had some non-zero utilization in that time: a
+    running process without one was idle."""
+
+    pid: int
+    timestamp_us: int
+    sm: int
+    memory: int
+    encoder: int
+    decoder: int
+
+
+@dataclass(frozen=True, slots=True)
 class GpmMetricValue:
     """One metric of ``nvmlGpmMetricsGet``: its own return code, and maybe NaN."""
 
@@ -143,6 +172,28 @@ class NvmlBackend(Protocol):
     def gpu_instance_info(self, handle: Handle, gpu_instance_id: int) -> GpuInstanceInfo:
         """GPU instance ``gpu_instance_id`` of the MIG-enabled GPU ``handle``
         (``nvmlDeviceGetGpuInstanceById``, then ``nvmlGpuInstanceGetInfo``)."""
+        ...
+
+    def compute_processes_v3(self, handle: Handle) -> list[ProcessInfo]:
+        """``nvmlDeviceGetComputeRunningProcesses_v3``; on a MIG device handle, the
+        processes of that instance."""
+        ...
+
+    def compute_processes_v2(self, handle: Handle) -> list[ProcessInfo]: ...
+    def mps_compute_processes_v3(self, handle: Handle) -> list[ProcessInfo]:
+        """``nvmlDeviceGetMPSComputeRunningProcesses_v3``: the MPS clients on the device."""
+        ...
+
+    def mps_compute_processes_v2(self, handle: Handle) -> list[ProcessInfo]: ...
+    def processes_utilization_info(self, handle: Handle, last_seen_us: int) -> list[ProcessSample]:
+        """``nvmlDeviceGetProcessesUtilizationInfo``: samples newer than ``last_seen_us``
+        (0: every sample the driver keeps). Raises :class:`NvmlAbsent` (NotFound) when
+        there is none."""
+        ...
+
+    def process_utilization(self, handle: Handle, last_seen_us: int) -> list[ProcessSample]:
+        """``nvmlDeviceGetProcessUtilization``, the older call: the same, without the JPEG
+        and optical flow engines."""
         ...
 
     def gpm_supported(self, handle: Handle) -> bool: ...

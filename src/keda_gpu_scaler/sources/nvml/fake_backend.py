@@ -7,9 +7,10 @@ fields that come back from a successful call with a per-field NotSupported and a
 NotFound with MIG disabled; fan speed NotSupported. NVLink throughput is per link, as in
 nvml.h: a request's scope id names the link (0 is link 0, not the GPU) and
 ``SCOPE_ALL_LINKS`` asks for the sum over all links, which an older driver may refuse per
-field. On top of that: MIG layouts, several GPUs, lost GPUs, injected error codes and slow
+field. On top of that: MIG layouts, several GPUs, lost GPUs, injected error codes, slow
 calls (the delay goes through an injectable ``sleep`` so tests can advance a fake clock
-instead of sleeping).
+instead of sleeping), and the processes on each GPU with the driver's per-process samples
+(:mod:`.fake_processes`).
 """
 
 from __future__ import annotations
@@ -35,9 +36,19 @@ from keda_gpu_scaler.sources.nvml.backend import (
     MemoryV1,
     MemoryV2,
     PcieDirection,
+    ProcessInfo,
+    ProcessSample,
     Utilization,
 )
 from keda_gpu_scaler.sources.nvml.errors import NvmlCode, nvml_error
+from keda_gpu_scaler.sources.nvml.fake_processes import (
+    EPOCH_US,
+    FakeMps,
+    FakeProcess,
+    ProcessDriver,
+    infos,
+    mps_server_load,
+)
 
 MIB = 1 << 20
 H200_UUID = "GPU-4f60bdab-7290-5bab-ee63-d697ab1e6349"
@@ -67,6 +78,7 @@ class FakeMigInstance:
     memory_used: int = 0
     memory_reserved: int = 0
     gpm: dict[int, float] = field(default_factory=dict)
+    processes: list[FakeProcess] = field(default_factory=list)
 
 
 @dataclass
@@ -106,6 +118,15 @@ class FakeGpu:
     mig_slots: int = 0
     instances: list[FakeMigInstance] = field(default_factory=list)
     lost: bool = False
+    processes: list[FakeProcess] = field(default_factory=list)
+    """Processes with a context on the GPU (with ``mps``: the MPS clients)."""
+    mps: FakeMps | None = None
+    process_call_version: int = 3
+    """The newest ``nvmlDeviceGetComputeRunningProcesses`` (and MPS) call the driver has."""
+    process_utilization_call: str = "info"
+    """``info``: ``nvmlDeviceGetProcessesUtilizationInfo`` and the older call; ``legacy``:
+    the older ``nvmlDeviceGetProcessUtilization`` only; ``none``: neither (NotSupported)."""
+    driver: ProcessDriver = field(default_factory=ProcessDriver)
 
 
 def h200_gpu(index: int = 0) -> FakeGpu:
@@ -200,6 +221,17 @@ class FakeNvml:
     ) -> None:
         """Make ``call`` (a backend method name) return NVML ``code``, ``times`` times."""
         self._faults.append(_Fault(call, code, gpu, times))
+
+    def exit_process(self, index: int, pid: int) -> None:
+        """Process ``pid`` on GPU ``index`` exits now: the driver samples it a last time (the
+        sample outlives it), and it leaves the GPU's list."""
+        gpu = self.gpus[index]
+        gone = [p for p in gpu.processes if p.pid == pid]
+        gpu.driver.take(gone, self._now_us())
+        gpu.processes = [p for p in gpu.processes if p.pid != pid]
+
+    def _now_us(self) -> int:
+        return EPOCH_US + round(self._clock() * 1e6)
 
     def set_latency(self, call: str, seconds: float) -> None:
         """Make ``call`` take ``seconds`` (through the injected ``sleep``)."""
@@ -363,6 +395,73 @@ class FakeNvml:
         if h is None or h.instance is None:
             raise nvml_error(NvmlCode.INVALID_ARGUMENT, call)
         return h.instance
+
+    def compute_processes_v3(self, handle: Handle) -> list[ProcessInfo]:
+        return self._compute("compute_processes_v3", handle, 3)
+
+    def compute_processes_v2(self, handle: Handle) -> list[ProcessInfo]:
+        return self._compute("compute_processes_v2", handle, 2)
+
+    def _compute(self, call: str, handle: Handle, version: int) -> list[ProcessInfo]:
+        h, gpu = self._versioned(call, handle, version)
+        if h.instance is not None:
+            return infos(h.instance.processes, self._instance_ids(h.instance))
+        if gpu.mig_enabled:
+            return [
+                info for i in gpu.instances for info in infos(i.processes, self._instance_ids(i))
+            ]
+        return infos([gpu.mps.server] if gpu.mps is not None else gpu.processes)
+
+    @staticmethod
+    def _instance_ids(instance: FakeMigInstance) -> tuple[int, int]:
+        return instance.gpu_instance_id, instance.compute_instance_id
+
+    def mps_compute_processes_v3(self, handle: Handle) -> list[ProcessInfo]:
+        return self._mps("mps_compute_processes_v3", handle, 3)
+
+    def mps_compute_processes_v2(self, handle: Handle) -> list[ProcessInfo]:
+        return self._mps("mps_compute_processes_v2", handle, 2)
+
+    def _mps(self, call: str, handle: Handle, version: int) -> list[ProcessInfo]:
+        h, gpu = self._versioned(call, handle, version)
+        if h.instance is not None or gpu.mps is None:
+            return []
+        if not gpu.mps.mps_call_supported:
+            raise nvml_error(NvmlCode.NOT_SUPPORTED, call)
+        return infos(gpu.processes)
+
+    def _versioned(self, call: str, handle: Handle, version: int) -> tuple[_Handle, FakeGpu]:
+        h = self._enter(call, handle)
+        assert h is not None
+        gpu = self.gpus[h.gpu]
+        if version > gpu.process_call_version:
+            raise nvml_error(NvmlCode.FUNCTION_NOT_FOUND, call)
+        return h, gpu
+
+    def processes_utilization_info(self, handle: Handle, last_seen_us: int) -> list[ProcessSample]:
+        return self._samples("processes_utilization_info", handle, last_seen_us, newer=True)
+
+    def process_utilization(self, handle: Handle, last_seen_us: int) -> list[ProcessSample]:
+        return self._samples("process_utilization", handle, last_seen_us, newer=False)
+
+    def _samples(
+        self, call: str, handle: Handle, last_seen_us: int, *, newer: bool
+    ) -> list[ProcessSample]:
+        h = self._enter(call, handle)
+        assert h is not None
+        gpu = self.gpus[h.gpu]
+        if newer and gpu.process_utilization_call != "info":
+            raise nvml_error(NvmlCode.FUNCTION_NOT_FOUND, call)
+        if h.instance is not None or gpu.mig_enabled or gpu.process_utilization_call == "none":
+            raise nvml_error(NvmlCode.NOT_SUPPORTED, call)
+        sampled = gpu.processes
+        if gpu.mps is not None and not gpu.mps.mps_samples_clients:
+            sampled = [mps_server_load(gpu.mps, gpu.processes)]
+        gpu.driver.take(sampled, self._now_us())
+        found = gpu.driver.since(last_seen_us)
+        if not found:
+            raise nvml_error(NvmlCode.NOT_FOUND, call)
+        return found
 
     def gpm_supported(self, handle: Handle) -> bool:
         return self._gpu("gpm_supported", handle).gpm_supported

@@ -23,11 +23,16 @@ from keda_gpu_scaler.sources.nvml.backend import (
     MemoryV1,
     MemoryV2,
     PcieDirection,
+    ProcessInfo,
+    ProcessSample,
     Utilization,
 )
 from keda_gpu_scaler.sources.nvml.errors import NvmlCode, NvmlError, nvml_error
 
 NVML_LIBRARY = "libnvidia-ml.so.1"
+
+_NOT_AVAILABLE_UINT = 0xFFFF_FFFF
+"""``NVML_VALUE_NOT_AVAILABLE`` in a ``c_uint`` field: a process's instance ids off MIG."""
 
 # nvmlValueType_t -> the member of the nvmlValue_t union that holds the value.
 _VALUE_MEMBER = ("dVal", "uiVal", "ulVal", "ullVal", "sllVal", "siVal", "usVal")
@@ -38,6 +43,46 @@ def _call(call: str, fn: Callable[..., Any], *args: Any) -> Any:
         return fn(*args)
     except pynvml.NVMLError as exc:
         raise nvml_error(int(exc.value), call, str(exc)) from exc
+
+
+def _samples(call: str, fn: Callable[..., Any], *args: Any) -> list[ProcessSample]:
+    """A process utilization call's samples. nvidia-ml-py raises ``NVMLError(NVML_SUCCESS)``
+    when the driver's first, sizing call succeeds (nothing to return): that is no sample."""
+    try:
+        raw = fn(*args)
+    except pynvml.NVMLError as exc:
+        if int(exc.value) == pynvml.NVML_SUCCESS:
+            return []
+        raise nvml_error(int(exc.value), call, str(exc)) from exc
+    return [process_sample(s) for s in raw]
+
+
+def process_sample(raw: Any) -> ProcessSample:
+    """``c_nvmlProcessUtilizationSample_t`` or ``c_nvmlProcessUtilizationInfo_v1_t``."""
+    return ProcessSample(
+        pid=int(raw.pid),
+        timestamp_us=int(raw.timeStamp),
+        sm=int(raw.smUtil),
+        memory=int(raw.memUtil),
+        encoder=int(raw.encUtil),
+        decoder=int(raw.decUtil),
+    )
+
+
+def process_info(raw: Any) -> ProcessInfo:
+    """One ``nvmlProcessInfo_t`` as nvidia-ml-py returns it (``usedGpuMemory`` None where
+    NVML says not available)."""
+    used = raw.usedGpuMemory
+    return ProcessInfo(
+        pid=int(raw.pid),
+        used_memory=None if used is None else int(used),
+        gpu_instance_id=_instance_id(raw.gpuInstanceId),
+        compute_instance_id=_instance_id(raw.computeInstanceId),
+    )
+
+
+def _instance_id(value: Any) -> int | None:
+    return None if value is None or int(value) == _NOT_AVAILABLE_UINT else int(value)
 
 
 def _text(value: Any) -> str:
@@ -171,6 +216,30 @@ class PynvmlBackend:
             placement_start=int(info.placement.start),
             placement_size=int(info.placement.size),
         )
+
+    def compute_processes_v3(self, handle: Handle) -> list[ProcessInfo]:
+        return self._processes("nvmlDeviceGetComputeRunningProcesses_v3", handle)
+
+    def compute_processes_v2(self, handle: Handle) -> list[ProcessInfo]:
+        return self._processes("nvmlDeviceGetComputeRunningProcesses_v2", handle)
+
+    def mps_compute_processes_v3(self, handle: Handle) -> list[ProcessInfo]:
+        return self._processes("nvmlDeviceGetMPSComputeRunningProcesses_v3", handle)
+
+    def mps_compute_processes_v2(self, handle: Handle) -> list[ProcessInfo]:
+        return self._processes("nvmlDeviceGetMPSComputeRunningProcesses_v2", handle)
+
+    @staticmethod
+    def _processes(call: str, handle: Handle) -> list[ProcessInfo]:
+        return [process_info(p) for p in _call(call, getattr(pynvml, call), handle)]
+
+    def processes_utilization_info(self, handle: Handle, last_seen_us: int) -> list[ProcessSample]:
+        fn = pynvml.nvmlDeviceGetProcessesUtilizationInfo
+        return _samples("nvmlDeviceGetProcessesUtilizationInfo", fn, handle, last_seen_us)
+
+    def process_utilization(self, handle: Handle, last_seen_us: int) -> list[ProcessSample]:
+        fn = pynvml.nvmlDeviceGetProcessUtilization
+        return _samples("nvmlDeviceGetProcessUtilization", fn, handle, last_seen_us)
 
     def gpm_supported(self, handle: Handle) -> bool:
         fn = pynvml.nvmlGpmQueryDeviceSupport
