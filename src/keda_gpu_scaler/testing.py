@@ -21,6 +21,7 @@ from keda_gpu_scaler.domain.decision import measure as real_measure
 from keda_gpu_scaler.domain.dra import Slices
 from keda_gpu_scaler.domain.samples import (
     DeviceKey,
+    DeviceProcesses,
     GpuReading,
     PodResourcesReading,
     PodsReading,
@@ -57,6 +58,7 @@ __all__ = [
     "inline",
     "open_test_pipeline",
     "open_test_service",
+    "process_readings",
     "readings",
     "snapshot_after",
     "snapshot_of",
@@ -228,6 +230,11 @@ def flatten(samples: Iterable[Sample]) -> list[GpuReading | SourceFault]:
 
 def readings(samples: Iterable[Sample], key: str | None = None) -> list[GpuReading]:
     return [s for s in flatten(samples) if isinstance(s, GpuReading) and key in (None, s.key)]
+
+
+def process_readings(samples: Iterable[Sample], key: str | None = None) -> list[DeviceProcesses]:
+    """The per-process readings inside the batches a sampler sent (of device ``key``)."""
+    return [s for s in unbatch(samples) if isinstance(s, DeviceProcesses) and key in (None, s.key)]
 
 
 def faults(samples: Iterable[Sample]) -> list[SourceFault]:

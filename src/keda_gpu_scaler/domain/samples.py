@@ -85,6 +85,60 @@ FLOAT_READINGS: tuple[str, ...] = tuple(
 """Of those, the floating-point readings (a NaN or an infinity among them is no reading)."""
 
 
+class ProcessUse(msgspec.Struct, frozen=True, kw_only=True, gc=False, omit_defaults=True):
+    """One process on a device, as NVML and the host's ``/proc`` see it.
+
+    A utilization is the process's share of the device since the sampler's last read
+    (percent, NVML's per-process samples); None where it is not known for this process
+    (``pid_reused``) or not at all on this device
+    (:attr:`DeviceProcesses.utilization_unsupported`)."""
+
+    pid: int
+    """In the host's PID namespace."""
+    pod_uid: str = ""
+    """The pod it runs in (``metadata.uid``, from its cgroup); empty: outside any pod."""
+    container_id: str = ""
+    used_memory_bytes: int | None = None
+    """Device memory it uses; None where NVML says not available."""
+    sm: float | None = None
+    """Percent of time its kernels ran on the device's SMs."""
+    memory: float | None = None
+    """Percent of time the memory controller served it."""
+    encoder: float | None = None
+    decoder: float | None = None
+    mps_server: bool = False
+    """An MPS server: it runs its clients' work, and is no workload's own."""
+    pid_reused: bool = False
+    """Its PID belonged to another container at the last reading: NVML's samples under the
+    PID cannot be split between the two, so its utilization is not known this period."""
+
+
+class DeviceProcesses(
+    msgspec.Struct, frozen=True, kw_only=True, tag="processes", gc=False, omit_defaults=True
+):
+    """The processes on one device (a GPU or a MIG instance) at one instant, read on the
+    NVML sampler's per-process cadence (``period_s``): what a ``podSelector`` trigger over a
+    device shared with another workload measures its own pods by.
+
+    What NVML cannot say on this device is said here, never read as 0: no per-process
+    utilization (MIG, older GPUs, MPS attributing its clients' work to its server), no
+    per-process memory, or no per-process readings at all (``--host-proc`` off, ``/proc``
+    unreadable): the reason in words, with ``processes`` left empty or their values None."""
+
+    source: str
+    key: DeviceKey
+    index: int
+    taken_at: float
+    period_s: float
+    processes: tuple[ProcessUse, ...] = ()
+    memory_unsupported: str | None = None
+    """Why no process's memory can be told apart on this device, if it cannot."""
+    utilization_unsupported: str | None = None
+    """Why no process's utilization can be told apart on this device, if it cannot."""
+    node: str = ""
+    """The node it was read on, on a cluster scaler (``key`` is then ``<node>/<uuid>``)."""
+
+
 class SourceFault(msgspec.Struct, frozen=True, kw_only=True, tag="fault"):
     """A source could not read a device (``key``) or anything at all (``key`` is None)."""
 
@@ -101,7 +155,7 @@ class Batch(msgspec.Struct, frozen=True, kw_only=True, gc=False, tag="batch"):
     """Everything one sampler cycle read; the aggregator folds it into one snapshot."""
 
     source: str
-    samples: tuple[GpuReading | SourceFault, ...]
+    samples: tuple[GpuReading | DeviceProcesses | SourceFault, ...]
     cycle_s: float | None = None
     """How long the cycle took to read, when the sampler measured it."""
 
@@ -325,6 +379,7 @@ AGENTS_SOURCE = "agents"
 
 Sample = (
     GpuReading
+    | DeviceProcesses
     | SourceFault
     | Batch
     | EngineSample
@@ -347,6 +402,7 @@ def unbatch(
     samples: Iterable[Sample],
 ) -> Iterator[
     GpuReading
+    | DeviceProcesses
     | SourceFault
     | EngineSample
     | SourceStopped

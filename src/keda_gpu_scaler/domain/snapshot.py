@@ -22,6 +22,7 @@ from keda_gpu_scaler.domain.samples import (
     AgentsReading,
     DeviceHolder,
     DeviceKey,
+    DeviceProcesses,
     DraDevice,
     GpuReading,
     PodInfo,
@@ -44,8 +45,9 @@ def stale_limit_s(period_s: float) -> float:
 
 
 class DeviceState(msgspec.Struct, frozen=True, kw_only=True, gc=False):
-    """The last word on one device: its newest reading, whether it is lost, and the recent
-    values windows read (empty unless a trigger asks for a window)."""
+    """The last word on one device: its newest reading, whether it is lost, the recent
+    values windows read (empty unless a trigger asks for a window), and the processes on
+    it (read on their own cadence)."""
 
     key: DeviceKey
     index: int
@@ -53,6 +55,8 @@ class DeviceState(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     lost_reason: str | None = None
     lost_since: float | None = None
     history: History = EMPTY_HISTORY
+    processes: DeviceProcesses | None = None
+    """The newest per-process reading; None before the first."""
 
     def is_lost(self) -> bool:
         return self.lost_reason is not None

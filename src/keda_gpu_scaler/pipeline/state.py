@@ -19,6 +19,7 @@ from keda_gpu_scaler.domain.samples import (
     Batch,
     DeviceHolder,
     DeviceKey,
+    DeviceProcesses,
     DraDevice,
     GpuReading,
     PodResourcesReading,
@@ -80,6 +81,10 @@ def fold(
         if isinstance(sample, GpuReading):
             node = nodes.touch(sample.node or LOCAL_NODE, now)
             node.devices[sample.key] = _read(node.devices.get(sample.key), sample, plan, now)
+            sources[sample.source] = _heard(source, sample.taken_at)
+        elif isinstance(sample, DeviceProcesses):
+            node = nodes.touch(sample.node or LOCAL_NODE, now)
+            node.devices[sample.key] = _processes(node.devices.get(sample.key), sample)
             sources[sample.source] = _heard(source, sample.taken_at)
         elif isinstance(sample, EngineSample):
             engines[sample.source] = sample
@@ -351,7 +356,20 @@ def _read(
         history = extend_device(
             EMPTY_HISTORY if device is None else device.history, reading, plan, now
         )
-    return DeviceState(key=reading.key, index=reading.index, reading=reading, history=history)
+    processes = None if device is None else device.processes
+    return DeviceState(
+        key=reading.key,
+        index=reading.index,
+        reading=reading,
+        history=history,
+        processes=processes,
+    )
+
+
+def _processes(device: DeviceState | None, processes: DeviceProcesses) -> DeviceState:
+    if device is None:
+        return DeviceState(key=processes.key, index=processes.index, processes=processes)
+    return msgspec.structs.replace(device, processes=processes)
 
 
 def _count_cycle(sources: dict[str, SourceState], name: str) -> None:

@@ -18,17 +18,19 @@ from keda_gpu_scaler.domain.attribution import attribute
 from keda_gpu_scaler.domain.engines import EngineSample
 from keda_gpu_scaler.domain.samples import (
     AgentsReading,
-    Batch,
     DeviceHolder,
     DeviceKey,
+    DeviceProcesses,
     DraDevice,
     GpuReading,
+    PodInfo,
     PodResourcesReading,
     PodsReading,
     ResourceSlicesReading,
     Sample,
     SourceFault,
     SourceStopped,
+    unbatch,
 )
 from keda_gpu_scaler.domain.snapshot import Snapshot
 
@@ -69,8 +71,45 @@ class TapAttribution(msgspec.Struct, frozen=True, kw_only=True, tag="attribution
     dra: tuple[DraDevice, ...] = ()
 
 
+OUTSIDE_ANY_POD = "outside any pod"
+
+
+class TapProcess(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
+    """One process on a device, joined to the pod it runs in."""
+
+    pid: int
+    pod: str
+    """``namespace/name``; ``outside any pod`` (a host process); or ``pod <uid> (not among
+    the pods watched)`` for a pod UID the pod watch does not know."""
+    container_id: str = ""
+    used_memory_bytes: int | None = None
+    sm: float | None = None
+    memory: float | None = None
+    encoder: float | None = None
+    decoder: float | None = None
+    mps_server: bool = False
+    pid_reused: bool = False
+
+
+class TapProcesses(msgspec.Struct, frozen=True, kw_only=True, tag="processes"):
+    """A device's per-process reading: every process with its pod, and what NVML could not
+    say on the device (per-process memory or utilization unsupported, and why)."""
+
+    source: str
+    key: DeviceKey
+    index: int
+    label: str
+    at: float
+    processes: tuple[TapProcess, ...]
+    outside_pods: int
+    """Processes outside any pod: counted here, in no workload's share."""
+    memory_unsupported: str | None = None
+    utilization_unsupported: str | None = None
+
+
 TapEvent = (
     GpuReading
+    | TapProcesses
     | SourceFault
     | EngineSample
     | PodsReading
@@ -102,6 +141,52 @@ def tap_attribution(reading: PodResourcesReading, snapshot: Snapshot) -> TapAttr
         unmatched=() if joined is None else joined.unmatched,
         dra=reading.dra if view is None else view.dra,
     )
+
+
+def tap_processes(
+    reading: DeviceProcesses, snapshot: Snapshot, pods: dict[str, PodInfo]
+) -> TapProcesses:
+    """``reading`` with each process's pod named (``pods``: the watched pods by UID)."""
+    device = snapshot.devices.get(reading.key)
+    processes = tuple(
+        TapProcess(
+            pid=p.pid,
+            pod=_pod_name(p.pod_uid, pods),
+            container_id=p.container_id,
+            used_memory_bytes=p.used_memory_bytes,
+            sm=p.sm,
+            memory=p.memory,
+            encoder=p.encoder,
+            decoder=p.decoder,
+            mps_server=p.mps_server,
+            pid_reused=p.pid_reused,
+        )
+        for p in reading.processes
+    )
+    return TapProcesses(
+        source=reading.source,
+        key=reading.key,
+        index=reading.index,
+        label=f"GPU {reading.index}" if device is None else device.label,
+        at=reading.taken_at,
+        processes=processes,
+        outside_pods=sum(1 for p in reading.processes if not p.pod_uid),
+        memory_unsupported=reading.memory_unsupported,
+        utilization_unsupported=reading.utilization_unsupported,
+    )
+
+
+def _pod_name(uid: str, pods: dict[str, PodInfo]) -> str:
+    if not uid:
+        return OUTSIDE_ANY_POD
+    pod = pods.get(uid)
+    if pod is None:
+        return f"pod {uid} (not among the pods watched)"
+    return f"{pod.namespace}/{pod.name}"
+
+
+def pods_by_uid(snapshot: Snapshot) -> dict[str, PodInfo]:
+    return {} if snapshot.pods is None else {p.uid: p for p in snapshot.pods.pods if p.uid}
 
 
 _ENCODER = msgspec.json.Encoder()
@@ -208,10 +293,11 @@ class Tap:
         answer is shown joined with the snapshot's devices."""
         if not self._subscribers:
             return
-        for sample in samples:
-            if isinstance(sample, Batch):
-                for event in sample.samples:
-                    self.publish(event)
+        pods: dict[str, PodInfo] | None = None
+        for sample in unbatch(samples):
+            if isinstance(sample, DeviceProcesses):
+                pods = pods_by_uid(snapshot) if pods is None else pods
+                self.publish(tap_processes(sample, snapshot, pods))
             elif isinstance(sample, PodResourcesReading):
                 self.publish(tap_attribution(sample, snapshot))
             elif not isinstance(sample, SourceStopped):

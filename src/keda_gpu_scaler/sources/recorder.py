@@ -56,6 +56,7 @@ async def record_trace(
         backend,
         interval_s=interval_s,
         pcie_interval_s=pcie_interval_s,
+        process_interval_s=None,  # the trace format holds device readings only
         name="record",
         call_in_thread=call_in_thread,
     )

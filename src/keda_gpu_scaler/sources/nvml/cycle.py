@@ -4,7 +4,9 @@ The worker thread reports what it met at each NVML index (:class:`DeviceResult`)
 :func:`fold_cycle` decides what that means: a device read is healthy again, a device that
 failed is lost and retried with :class:`Backoff`, and the samples to publish. PCIe, read on
 its own slower cadence, is a value each slot carries (:func:`pcie_due`, :func:`with_pcie`),
-handed to the worker with the device, so no state is shared with a thread.
+handed to the worker with the device, so no state is shared with a thread. The processes on
+each device are read on a cadence of their own too, in the cycle's hop when
+:func:`processes_due`.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 
 from keda_gpu_scaler.domain.backoff import Backoff
-from keda_gpu_scaler.domain.samples import GpuReading, SourceFault
+from keda_gpu_scaler.domain.samples import DeviceProcesses, GpuReading, SourceFault
 from keda_gpu_scaler.sources.nvml.devices import GpuDevice
 from keda_gpu_scaler.sources.nvml.readings import (
     Cycle,
@@ -44,17 +46,30 @@ class Slot:
     pcie_at: float | None = None
 
 
-CycleOutcome = tuple[tuple[Slot, ...], list[GpuReading | SourceFault], list[GpuDevice]]
+CycleOutcome = tuple[
+    tuple[Slot, ...], list[GpuReading | DeviceProcesses | SourceFault], list[GpuDevice]
+]
 """The next slots, the samples to publish, and lost devices whose buffers must be freed."""
 
 
-def work_for(slots: Sequence[Slot], now: float, pcie_interval_s: float | None) -> list[DeviceWork]:
-    """What the worker should read now: every device, and each lost one whose retry is due."""
+def work_for(
+    slots: Sequence[Slot], now: float, pcie_interval_s: float | None, *, processes: bool = False
+) -> list[DeviceWork]:
+    """What the worker should read now: every device, and each lost one whose retry is due;
+    with ``processes``, their processes too."""
     return [
-        DeviceWork(s.index, s.gpu, _carried_pcie(s, now, pcie_interval_s))
+        DeviceWork(s.index, s.gpu, _carried_pcie(s, now, pcie_interval_s), processes)
         for s in slots
         if s.gpu is not None or now >= s.retry_at
     ]
+
+
+def processes_due(last_at: float | None, now: float, interval_s: float | None) -> bool:
+    """Whether this cycle reads the processes: on the first cycle, then once ``interval_s``
+    has passed (None: never)."""
+    if interval_s is None:
+        return False
+    return last_at is None or now - last_at >= interval_s
 
 
 def fold_cycle(
@@ -62,7 +77,7 @@ def fold_cycle(
 ) -> CycleOutcome:
     by_index = {r.index: r for r in results}
     next_slots: list[Slot] = []
-    samples: list[GpuReading | SourceFault] = []
+    samples: list[GpuReading | DeviceProcesses | SourceFault] = []
     released: list[GpuDevice] = []
     for slot in slots:
         result = by_index.get(slot.index)

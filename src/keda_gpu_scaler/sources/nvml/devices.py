@@ -36,6 +36,7 @@ from keda_gpu_scaler.sources.nvml.convert import (
     nvlink_rates,
 )
 from keda_gpu_scaler.sources.nvml.errors import NvmlAbsent, NvmlError
+from keda_gpu_scaler.sources.nvml.processes import ProcessState
 
 _T = TypeVar("_T")
 _P = ParamSpec("_P")
@@ -92,6 +93,7 @@ class MigDevice:
     """Its GPU instance's profile and placement; None where NVML does not say."""
     gpm: GpmPair | None = None
     memory_v2: bool | None = None
+    processes: ProcessState = field(default_factory=ProcessState)
 
 
 @dataclass
@@ -110,6 +112,7 @@ class GpuDevice:
     nvlink: NvlinkCounters | None = None
     nvlink_links: int | None = None
     """Set once the driver refused the all-links scope: NVLink is then summed link by link."""
+    processes: ProcessState = field(default_factory=ProcessState)
 
     def release(self) -> None:
         for gpm in [self.gpm, *(i.gpm for i in self.instances)]:

@@ -4,6 +4,10 @@
 discovers) the devices it is given and returns what it met at each NVML index, values or the
 :class:`NvmlError`; it decides nothing. The sampler folds the results on the event loop.
 
+On the per-process cadence (``DeviceWork.processes``) it also reads the processes on each
+GPU, or on each MIG instance of a MIG-enabled GPU (:mod:`.processes`), as
+:class:`DeviceProcesses` beside the readings.
+
 A MIG instance gets its own utilization (absent: NVML has none per instance), memory and
 GPM, plus copies of its GPU's whole-GPU readings (temperature, power, clocks, PCIe,
 NVLink) marked through ``parent_index``, so the decision layer counts those once per GPU.
@@ -16,7 +20,7 @@ from dataclasses import dataclass
 
 import msgspec
 
-from keda_gpu_scaler.domain.samples import DeviceKey, GpuReading, SourceFault
+from keda_gpu_scaler.domain.samples import DeviceKey, DeviceProcesses, GpuReading, SourceFault
 from keda_gpu_scaler.sources.nvml.backend import (
     GpuInstanceInfo,
     Handle,
@@ -34,6 +38,8 @@ from keda_gpu_scaler.sources.nvml.devices import (
     read_pcie,
 )
 from keda_gpu_scaler.sources.nvml.errors import NvmlAbsent, NvmlDeviceLost, NvmlError
+from keda_gpu_scaler.sources.nvml.processes import ProcessTarget, read_processes
+from keda_gpu_scaler.sources.procfs import ProcessOwners
 
 PcieValue = tuple[int | None, int | None]
 
@@ -53,6 +59,18 @@ class DeviceWork:
     gpu: GpuDevice | None
     pcie: PcieValue = (None, None)
     """The PCIe value to carry into the readings (read on its own cadence)."""
+    processes: bool = False
+    """Read the processes on the device too (their own cadence)."""
+
+
+@dataclass(frozen=True, slots=True)
+class ProcessPlan:
+    """How processes are read: mapped to pods through ``owners`` (None: per-process
+    readings are off, which each device's :class:`DeviceProcesses` says), every
+    ``period_s``."""
+
+    owners: ProcessOwners | None
+    period_s: float
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,18 +80,23 @@ class DeviceResult:
     index: int
     gpu: GpuDevice | None
     """The device read, or discovered before the error; None if discovery failed."""
-    readings: tuple[GpuReading, ...] = ()
+    readings: tuple[GpuReading | DeviceProcesses, ...] = ()
     error: NvmlError | None = None
 
 
 def read_devices(
-    backend: NvmlBackend, work: Sequence[DeviceWork], cycle: Cycle
+    backend: NvmlBackend,
+    work: Sequence[DeviceWork],
+    cycle: Cycle,
+    plan: ProcessPlan | None = None,
 ) -> list[DeviceResult]:
     """One cycle of NVML calls. :class:`NvmlLibraryError` propagates: nothing can be read."""
-    return [_read_device(backend, item, cycle) for item in work]
+    return [_read_device(backend, item, cycle, plan) for item in work]
 
 
-def _read_device(backend: NvmlBackend, work: DeviceWork, cycle: Cycle) -> DeviceResult:
+def _read_device(
+    backend: NvmlBackend, work: DeviceWork, cycle: Cycle, plan: ProcessPlan | None
+) -> DeviceResult:
     gpu = work.gpu
     if gpu is None:
         try:
@@ -81,13 +104,38 @@ def _read_device(backend: NvmlBackend, work: DeviceWork, cycle: Cycle) -> Device
         except (NvmlDeviceLost, NvmlAbsent) as exc:
             return DeviceResult(work.index, None, error=exc)
     try:
-        return DeviceResult(work.index, gpu, tuple(read_gpu(backend, gpu, cycle, work.pcie)))
+        found: list[GpuReading | DeviceProcesses] = [*read_gpu(backend, gpu, cycle, work.pcie)]
+        if work.processes and plan is not None:
+            found.extend(_processes(backend, gpu, cycle, plan))
+        return DeviceResult(work.index, gpu, tuple(found))
     except NvmlDeviceLost as exc:
         return DeviceResult(work.index, gpu, error=exc)
     except NvmlError:
         if work.gpu is None:
             gpu.release()  # found in this very call: nobody else knows it to free it
         raise
+
+
+def _processes(
+    backend: NvmlBackend, gpu: GpuDevice, cycle: Cycle, plan: ProcessPlan
+) -> list[DeviceProcesses]:
+    """The GPU's processes; a MIG-enabled GPU's, instance by instance (its instances are
+    what pods hold)."""
+    if gpu.mig_enabled:
+        targets = [ProcessTarget(i.uuid, gpu.index, i.handle, i.processes) for i in gpu.instances]
+    else:
+        targets = [ProcessTarget(gpu.uuid, gpu.index, gpu.handle, gpu.processes)]
+    return [
+        read_processes(
+            backend,
+            plan.owners,
+            target,
+            source=cycle.source,
+            taken_at=cycle.taken_at,
+            period_s=plan.period_s,
+        )
+        for target in targets
+    ]
 
 
 def read_pcie_of(backend: NvmlBackend, gpus: Sequence[GpuDevice]) -> dict[int, PcieValue]:

@@ -6,7 +6,10 @@ what it met at each GPU, values or the NVML error (:func:`.readings.read_devices
 that means is decided back on the event loop by :func:`.cycle.fold_cycle`, which alone
 changes the sampler's state. PCIe throughput, whose call blocks about 20 ms per direction
 and GPU, is read on its own slower cadence in a second hop after a cycle's batch is sent,
-a few GPUs at a time; its last value is carried into readings while it is fresh.
+a few GPUs at a time; its last value is carried into readings while it is fresh. The
+processes on each device (``process_interval_s``, :mod:`.processes`) are read in a cycle's
+own hop when due, mapped to pods through the host's ``/proc`` (``process_owners``; None
+publishes that per-process readings are off).
 
 Errors: a reading a device cannot give is absent; a lost device (GpuIsLost, Unknown)
 is published as ``SourceFault(lost=True)`` for it and its instances and rediscovered with
@@ -29,14 +32,29 @@ from keda_gpu_scaler.domain.errors import SourceFailure
 from keda_gpu_scaler.domain.samples import Batch, Sample
 from keda_gpu_scaler.sources.cadence import every
 from keda_gpu_scaler.sources.nvml.backend import NvmlBackend
-from keda_gpu_scaler.sources.nvml.cycle import Slot, fold_cycle, pcie_due, with_pcie, work_for
+from keda_gpu_scaler.sources.nvml.cycle import (
+    Slot,
+    fold_cycle,
+    pcie_due,
+    processes_due,
+    with_pcie,
+    work_for,
+)
 from keda_gpu_scaler.sources.nvml.errors import NvmlError
-from keda_gpu_scaler.sources.nvml.readings import Cycle, read_devices, read_pcie_of, release_all
+from keda_gpu_scaler.sources.nvml.readings import (
+    Cycle,
+    ProcessPlan,
+    read_devices,
+    read_pcie_of,
+    release_all,
+)
+from keda_gpu_scaler.sources.procfs import ProcessOwners
 
 _T = TypeVar("_T")
 
 DEFAULT_INTERVAL_S = 1.0
 DEFAULT_PCIE_INTERVAL_S = 5.0
+DEFAULT_PROCESS_INTERVAL_S = 5.0
 
 
 class CallInThread(Protocol):
@@ -55,15 +73,26 @@ class NvmlSampler:
         *,
         interval_s: float = DEFAULT_INTERVAL_S,
         pcie_interval_s: float | None = DEFAULT_PCIE_INTERVAL_S,
+        process_interval_s: float | None = DEFAULT_PROCESS_INTERVAL_S,
+        process_owners: ProcessOwners | None = None,
         max_retry_s: float = 60.0,
         name: str = "nvml",
         call_in_thread: CallInThread = run_in_worker_thread,
     ) -> None:
-        """``pcie_interval_s=None`` never reads PCIe (its readings stay absent)."""
+        """``pcie_interval_s=None`` never reads PCIe (its readings stay absent);
+        ``process_interval_s=None`` publishes no per-process readings at all (a recording),
+        and without ``process_owners`` they say that they are off."""
         self.name = name
         self._backend = backend
         self._interval_s = interval_s
         self._pcie_interval_s = pcie_interval_s
+        self._process_interval_s = process_interval_s
+        self._process_plan = (
+            None
+            if process_interval_s is None
+            else ProcessPlan(process_owners, max(process_interval_s, interval_s))
+        )
+        self._processes_at: float | None = None
         # A lost GPU is retried after one period, then twice as long each time.
         self._backoff = Backoff(initial_s=interval_s, factor=2.0, maximum_s=max_retry_s)
         self._call = call_in_thread
@@ -96,13 +125,17 @@ class NvmlSampler:
             raise SourceFailure(f"NVML failed: {exc}") from exc
 
     async def _cycle(self, send: MemoryObjectSendStream[Sample], cycle: Cycle) -> None:
-        work = work_for(self._slots, cycle.taken_at, self._pcie_interval_s)
-        read = functools.partial(read_devices, self._backend, work, cycle)
+        now = cycle.taken_at
+        due = processes_due(self._processes_at, now, self._process_interval_s)
+        work = work_for(self._slots, now, self._pcie_interval_s, processes=due)
+        read = functools.partial(read_devices, self._backend, work, cycle, self._process_plan)
         # Shielded: the devices this hop discovers must reach the slots, to be freed later.
         with anyio.CancelScope(shield=True):
             results = await self._in_thread(read)
             took = anyio.current_time() - cycle.taken_at
             self._slots, samples, lost = fold_cycle(self._slots, results, cycle, self._backoff)
+            if due:
+                self._processes_at = now
             if lost:
                 await self._in_thread(functools.partial(release_all, lost))
         # One Batch per cycle: the aggregator makes one snapshot of the whole node.
