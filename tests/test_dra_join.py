@@ -422,7 +422,9 @@ def test_a_claim_shared_by_three_pods_is_one_device_with_three_holders() -> None
     assert joined is not None
     assert [h.pod for h in joined.holders(DeviceKey(GPU[0]))] == ["llm-0", "llm-1", "llm-2"]
     # One of the three selected: the device is still its, shared with the other two.
-    leader = parse_trigger({"podSelector": "app=llm,role=leader", "podNamespace": "ml"})
+    leader = parse_trigger(
+        {"podSelector": "app=llm,role=leader", "podNamespace": "ml", "sharedDevices": "whole"}
+    )
     one = decide(leader, snapshot, None, NOW)
     assert one.value == 80.0
     assert "GPU 0 (llm-0; shared with ml/llm-1, ml/llm-2)=80" in one.explanation

@@ -191,7 +191,8 @@ async def test_a_label_change_moves_a_pod_out_of_and_into_a_selector(
     cluster: Cluster, grpcio_modules: GrpcioModules
 ) -> None:
     scaler, mods = cluster.scaler, grpcio_modules
-    web = {"podSelector": "app=vllm,tier=web", "metricType": "sm_active"}
+    # GPU 2 is shared across the tiers; this node agent reads no processes: measured whole.
+    web = {"podSelector": "app=vllm,tier=web", "metricType": "sm_active", "sharedDevices": "whole"}
     assert await _metrics(scaler, mods, "serve", web) == 40.0
     version = scaler.hub.current.version
     cluster.api.update_pod("serve", "vllm-a", labels={"app": "vllm", "tier": "batch"})

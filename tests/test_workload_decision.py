@@ -158,10 +158,21 @@ def test_a_device_shared_by_two_matching_pods_counts_once_and_says_so() -> None:
 
 
 def test_a_device_shared_with_a_pod_outside_the_selector_names_it() -> None:
-    spec = _spec("serve", podSelector="app=vllm,tier=web")
+    spec = _spec("serve", podSelector="app=vllm,tier=web", sharedDevices="whole")
     why = decide(spec, NODE, None, NOW).explanation
     assert measure(spec, NODE, NOW).value == 20.0
     assert "GPU 2 (vllm-a; shared with serve/vllm-b)=20" in why
+
+
+def test_a_device_shared_with_another_workload_is_never_counted_whole_by_default() -> None:
+    # By default the workload's own processes are measured; this node has no per-process
+    # reading of GPU 2, so there is no value rather than vllm-b's load as vllm-a's.
+    with pytest.raises(NoData) as caught:
+        measure(_spec("serve", podSelector="app=vllm,tier=web"), NODE, NOW)
+    assert str(caught.value) == (
+        "GPU 2 is shared with serve/vllm-b, and it has no per-process reading yet; "
+        "sharedDevices: whole measures the whole device, its neighbours' load included"
+    )
 
 
 def test_parent_readings_of_a_mig_gpu_count_once_per_gpu() -> None:

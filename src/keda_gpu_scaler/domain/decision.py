@@ -41,6 +41,7 @@ from keda_gpu_scaler.domain.pod_scope import (
     scope_until,
     select_pods,
 )
+from keda_gpu_scaler.domain.process_share import SharedDevices
 from keda_gpu_scaler.domain.snapshot import Snapshot, stale_limit_s
 from keda_gpu_scaler.domain.trigger import TriggerSpec
 
@@ -135,6 +136,7 @@ def _measure_devices(
     previous: Measurement | None,
 ) -> Measurement:
     pods: PodScope | None = None
+    shares = None
     until = math.inf
     known = MappingProxyType({}) if previous is None else previous.node_parts
     if spec.pod_selector is not None:
@@ -151,6 +153,8 @@ def _measure_devices(
                 nodes = ", ".join(g[0] for g in pods.groups)
                 raise NoData(f"no GPU of node {spec.node_name} reported (nodes: {nodes})")
         basis = pods.basis
+        if spec.shared_devices is SharedDevices.PROCESSES:
+            shares = pods.shares
     else:
         groups, basis = select_devices(spec, snapshot, known)
     cluster = snapshot.on_cluster()
@@ -164,10 +168,11 @@ def _measure_devices(
             or part.view is not view
             or part.keys != keys
             or part.attributed != attributed
+            or part.shares is not shares
             or now > part.until
         ):
             holders = None if pods is None else pods.holders
-            part = node_part(spec, info, view, keys, attributed, holders, now)
+            part = node_part(spec, info, view, keys, attributed, holders, now, shares)
         node_parts[name] = part
     coverage = coverage_of(spec, cluster, node_parts.values())
     parts = [p for n in node_parts.values() for p in n.parts]

@@ -4,7 +4,10 @@ A measurement over many nodes is made node by node (:class:`NodePart`): a node w
 the same object as at the spec's last measurement, and whose readings are still fresh, lends
 its part unchanged, so only the nodes that changed are read again. A selected device with no
 usable reading is missing; whether the others may still be answered is the coverage rule
-(:func:`coverage_of`, ``domain.coverage``).
+(:func:`coverage_of`, ``domain.coverage``). A device of a ``podSelector``'s scope that other
+pods hold too is measured by the selected pods' processes (``domain.process_share``); one
+without such a share is no partial view but a reason the whole measurement has no value
+(``unshared``).
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ from keda_gpu_scaler.domain.catalog import MetricInfo
 from keda_gpu_scaler.domain.coverage import Coverage, refusal
 from keda_gpu_scaler.domain.errors import NoData
 from keda_gpu_scaler.domain.history import History
+from keda_gpu_scaler.domain.process_share import Shares, process_share
 from keda_gpu_scaler.domain.samples import DeviceKey
 from keda_gpu_scaler.domain.snapshot import (
     STALE_AFTER_PERIODS,
@@ -46,6 +50,10 @@ class NodePart:
     counts: tuple[int, ...]
     until: float
     """When this part must be redone at the latest (a reading goes stale, a window moves)."""
+    shares: Shares | None = None
+    """The scope's shared devices it was measured with (the same object while it holds)."""
+    unshared: tuple[str, ...] = ()
+    """Shared devices with no share of the workload's own, each with why."""
 
 
 class Rescope(Exception):
@@ -60,6 +68,7 @@ def node_part(
     attributed: bool,
     holders: Mapping[DeviceKey, str] | None,
     now: float,
+    shares: Shares | None = None,
 ) -> NodePart:
     devices = view.devices
     fresh: list[DeviceState] = []
@@ -84,9 +93,20 @@ def node_part(
     labels: list[str] = []
     unsupported: list[DeviceState] = []
     counts: list[int] = []
+    unshared: list[str] = []
     for device in _counted_once(info.per_parent, fresh):
         assert device.reading is not None
         assert info.read is not None
+        if shares is not None and device.key in shares.others:
+            share = _share(spec, device, shares, now)
+            if isinstance(share, str):
+                unshared.append(share)
+                continue
+            parts.append((device.index, share[0]))
+            until = min(until, share[1])
+            assert holders is not None  # a scope's shares come with its holders
+            labels.append(f"{device.label} ({holders[device.key]}; own processes)")
+            continue
         value = info.read(device.reading)
         if value is None:
             unsupported.append(device)
@@ -109,6 +129,26 @@ def node_part(
         tuple(missing),
         tuple(counts),
         until,
+        shares,
+        tuple(unshared),
+    )
+
+
+def _share(
+    spec: TriggerSpec, device: DeviceState, shares: Shares, now: float
+) -> tuple[float, float] | str:
+    """(value, fresh until) of the workload's own processes on a shared device, or why
+    there is none, in words naming the device."""
+    if spec.window_s:
+        why = "windowSeconds does not apply to a share of its processes (no history is kept)"
+    else:
+        share = process_share(spec.metric_type, device, shares, now)
+        if not isinstance(share, str):
+            return share.value, share.fresh_until
+        why = share
+    return (
+        f"{device.label} is shared with {shares.others[device.key]}, and {why}; "
+        "sharedDevices: whole measures the whole device, its neighbours' load included"
     )
 
 
@@ -158,8 +198,14 @@ def _fresh_until(device: DeviceState) -> float:
 
 def coverage_of(spec: TriggerSpec, cluster: bool, parts: Iterable[NodePart]) -> Coverage | None:
     """On a node agent every selected device must be fresh; on a cluster scaler a partial
-    view is answered where the coverage rule allows it (None: nothing is missing)."""
+    view is answered where the coverage rule allows it (None: nothing is missing). A shared
+    device with no share of the workload's own is never left out of a partial view: it
+    leaves the measurement without a value."""
     parts = list(parts)
+    unshared = [u for p in parts for u in p.unshared]
+    if unshared:
+        more = f" (and {len(unshared) - 1} more such device(s))" if len(unshared) > 1 else ""
+        raise NoData(unshared[0] + more)
     missing = tuple(m for p in parts for m in p.missing)
     if not missing:
         return None

@@ -3,7 +3,8 @@ by node, and who holds each (joined by ``domain.attribution``).
 
 A scope is lent to the spec's next measurement while no holder and no pod changed
 (:meth:`PodScope.holds`); while attribution or the pod labels are unavailable it is
-unavailable too, never 0.
+unavailable too, never 0. It names the devices that pods outside the selection hold too
+(:class:`~keda_gpu_scaler.domain.process_share.Shares`), which are measured by process.
 """
 
 from __future__ import annotations
@@ -22,7 +23,9 @@ from keda_gpu_scaler.domain.attribution import (
 )
 from keda_gpu_scaler.domain.device_selection import Basis, Group
 from keda_gpu_scaler.domain.errors import NoData
-from keda_gpu_scaler.domain.samples import DeviceHolder, DeviceKey, DraDevice
+from keda_gpu_scaler.domain.process_share import NO_SHARES, Shares
+from keda_gpu_scaler.domain.samples import DeviceHolder, DeviceKey, DraDevice, PodInfo
+from keda_gpu_scaler.domain.selector import LabelSelector
 from keda_gpu_scaler.domain.snapshot import (
     DeviceState,
     NodeView,
@@ -52,6 +55,8 @@ class PodScope:
     indexes: tuple[tuple[str, object], ...]
     """Each node's index of holders by pod it was read from: while these, the pod index
     and the index of pods by node are the same objects, so is the scope."""
+    shares: Shares = NO_SHARES
+    """The devices other pods hold too, and the selected pods' UIDs."""
 
     def holds(self, snapshot: Snapshot) -> bool:
         if snapshot.pod_index is not self.basis.pod_index:
@@ -107,11 +112,11 @@ def select_pods(
         )
         return replace(previous, basis=basis)
     index = snapshot.pod_index
-    matching = sorted(
-        (p.namespace, p.name)
-        for p in index.by_namespace.get(namespace, ())
-        if not p.terminated() and selector.matches(p.labels)
+    selected = sorted(
+        (p for p in index.by_namespace.get(namespace, ()) if _selects(selector, p)),
+        key=lambda p: (p.namespace, p.name),
     )
+    matching = [(p.namespace, p.name) for p in selected]
     chosen: dict[DeviceKey, tuple[DeviceState, NodeView]] = {}
     unmatched: list[DeviceHolder] = []
     unidentified: list[DraDevice] = []
@@ -150,8 +155,9 @@ def select_pods(
             text = f"no pod {selector} in {namespace} holds a GPU on this node"
         text += " (a workload with no pods uses no GPU)"
         return PodScope((), MappingProxyType({}), text, basis, indexes)
-    selected = set(matching)
+    chosen_pods = set(matching)
     holders: dict[DeviceKey, str] = {}
+    shared: dict[DeviceKey, str] = {}
     for key, (_, view) in chosen.items():
         pods_on = list(
             dict.fromkeys(
@@ -160,13 +166,25 @@ def select_pods(
                 if (h.namespace, h.pod) not in index.ended
             )
         )
-        text = ", ".join(name for ns, name in pods_on if (ns, name) in selected)
-        others = [f"{ns}/{name}" for ns, name in pods_on if (ns, name) not in selected]
+        text = ", ".join(name for ns, name in pods_on if (ns, name) in chosen_pods)
+        others = [f"{ns}/{name}" for ns, name in pods_on if (ns, name) not in chosen_pods]
         if len(pods_on) > 1:
             text += "; shared" + (f" with {', '.join(others)}" if others else "")
+        if others:
+            shared[key] = ", ".join(others)
         holders[key] = text
     groups = _groups([d for d, _ in chosen.values()])
-    return PodScope(groups, MappingProxyType(holders), f"the GPUs of {whose}", basis, indexes)
+    shares = Shares(
+        MappingProxyType(shared),
+        frozenset(p.uid for p in selected if p.uid),
+        tuple(f"{p.namespace}/{p.name}" for p in selected if not p.uid),
+    )
+    text = f"the GPUs of {whose}"
+    return PodScope(groups, MappingProxyType(holders), text, basis, indexes, shares)
+
+
+def _selects(selector: LabelSelector, pod: PodInfo) -> bool:
+    return not pod.terminated() and selector.matches(pod.labels)
 
 
 _NAMED_AT_MOST = 3

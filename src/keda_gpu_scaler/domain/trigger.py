@@ -6,7 +6,8 @@ Parse order (the first error wins): defaults, ``profile``, ``metricName``, ``met
 ``windowSeconds``, ``windowAggregation``, ``pollIntervalSeconds``, endpoints,
 endpoint-required checks, endpoint validation, the keys that choose an endpoint's series
 (``dynamoMetricsPrefix``, ``dynamoModel``, ``inferencePool``, ``targetModelName``),
-``cooldownSeconds``, ``podNamespace``, ``podSelector``, ``nodeName``, ``minCoverage``.
+``cooldownSeconds``, ``podNamespace``, ``podSelector``, ``sharedDevices``, ``nodeName``,
+``minCoverage``.
 
 ``nodeName`` and ``minCoverage`` (this product's keys) matter on a cluster scaler, which
 sees every node (``domain.coverage``).
@@ -21,7 +22,10 @@ their scrapes. ``windowSeconds`` is an integer from 0 (off: the newest reading) 
 own ``kubernetes-workload`` scaler uses) narrow a GPU trigger to the devices held by the
 matching pods of one namespace (the ScaledObject's, unless ``podNamespace`` names another).
 They are parsed last; ``podSelector`` cannot be combined with ``gpuIndex`` or ``migInstance``
-(the pods choose the devices) nor with an engine metric type.
+(the pods choose the devices) nor with an engine metric type. ``sharedDevices`` (this
+product's key: ``processes`` or ``whole``) says how such a trigger measures a device that
+pods it does not select hold too (``domain.process_share``); without ``podSelector`` it is
+ignored with a warning.
 
 ``migInstance`` (this product's key, not the Go project's; empty counts as unset) names one
 MIG instance: its UUID (``MIG-...``; the older ``MIG-GPU-<uuid>/<gi>/<ci>`` form too) or
@@ -49,6 +53,7 @@ from keda_gpu_scaler.domain.endpoints import endpoint_refusal
 from keda_gpu_scaler.domain.engines import Discovery, EngineKind, EngineTarget
 from keda_gpu_scaler.domain.errors import InvalidTrigger
 from keda_gpu_scaler.domain.names import is_namespace, is_object_name
+from keda_gpu_scaler.domain.process_share import SharedDevices
 from keda_gpu_scaler.domain.profiles import PROFILES
 from keda_gpu_scaler.domain.selector import LabelSelector, parse_selector
 from keda_gpu_scaler.domain.trigger_keys import lookup, typo_warnings
@@ -112,6 +117,9 @@ class TriggerSpec(msgspec.Struct, frozen=True, kw_only=True):
     pod_selector: LabelSelector | None = None
     pod_namespace: str | None = None
     """Set with ``pod_selector`` only: the namespace its pods are looked up in."""
+    shared_devices: SharedDevices = SharedDevices.PROCESSES
+    """``sharedDevices``: a device other pods hold too is measured by the selected pods'
+    processes, or whole; always the default without ``pod_selector``."""
     profile: str | None = None
     warnings: tuple[str, ...] = ()
 
@@ -309,10 +317,16 @@ def _parse_pods(
         raise InvalidTrigger(
             "podNamespace", raw_namespace, "must be a namespace name (RFC 1123 label)"
         )
+    raw_shared = lookup(metadata, "sharedDevices") or None  # empty: the default
     raw = lookup(metadata, "podSelector")
     if raw is None:
         if raw_namespace is not None:
             warnings.append(f'podNamespace "{raw_namespace}" is ignored without podSelector')
+        if raw_shared is not None:
+            warnings.append(
+                f'sharedDevices "{raw_shared}" is ignored without podSelector (every GPU is '
+                "measured whole)"
+            )
         return spec
     selector = parse_selector(raw, key="podSelector")
     if CATALOG[spec.metric_type].read is None:
@@ -334,7 +348,12 @@ def _parse_pods(
         raise InvalidTrigger(
             "podNamespace", None, "needed with podSelector when the request names no namespace"
         )
-    return msgspec.structs.replace(spec, pod_selector=selector, pod_namespace=pod_namespace)
+    shared = SharedDevices.PROCESSES
+    if raw_shared is not None:
+        shared = parse_choice("sharedDevices", raw_shared, SharedDevices)
+    return msgspec.structs.replace(
+        spec, pod_selector=selector, pod_namespace=pod_namespace, shared_devices=shared
+    )
 
 
 def _check_endpoints(spec: TriggerSpec) -> None:

@@ -41,6 +41,7 @@ TRIGGER_KEYS: tuple[str, ...] = (
     "cooldownSeconds",
     "podSelector",
     "podNamespace",
+    "sharedDevices",
     "nodeName",
     "minCoverage",
 )
@@ -121,6 +122,13 @@ TRIGGER_KEY_HELP: dict[str, tuple[str, str]] = {
         "none (every GPU)",
         "a Kubernetes label selector (`app=vllm`, `tier in (a,b)`, `!canary`): only the GPUs "
         "held by matching pods count",
+    ),
+    "sharedDevices": (
+        "`processes`",
+        "with `podSelector`, how a GPU that pods it does not select hold too (time-slicing, "
+        "MPS, a shared DRA claim) is measured: `processes`, the selected pods' own processes "
+        "(UNAVAILABLE where the node agent has no per-process readings of it); `whole`, the "
+        "whole device, neighbours included",
     ),
     "nodeName": (
         "none (every node)",
