@@ -50,6 +50,8 @@ SERVE_FLAGS = {
     ),
     "--agents": ("AGENTS", "static:127.0.0.1:6000", "agents", "static:127.0.0.1:6000"),
     "--pod-namespaces": ("POD_NAMESPACES", "serve, ml", "pod_namespaces", "ml,serve"),
+    "--host-proc": ("HOST_PROC", "/proc", "host_proc", "/proc"),
+    "--process-interval": ("PROCESS_INTERVAL", "2", "process_interval", 2.0),
 }
 
 
@@ -225,6 +227,17 @@ def _cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedP
             "/nonexistent/tls.crt",
         ),
         (("serve", "--engine-allowed-networks", "10.0.0.0/33"), {}, "not a list of networks"),
+        (
+            ("serve", "--host-proc", "/nonexistent/proc"),
+            {},
+            "--host-proc /nonexistent/proc: not a directory",
+        ),
+        (
+            ("serve",),
+            {"KEDA_GPU_SCALER_HOST_PROC": "/nonexistent/proc"},
+            "--host-proc (KEDA_GPU_SCALER_HOST_PROC) /nonexistent/proc: not a directory",
+        ),
+        (("serve", "--process-interval", "0"), {}, "--process-interval: must be a positive"),
     ],
 )
 def test_bad_configuration_is_a_clear_error_and_exit_2(

@@ -56,10 +56,18 @@ log = logging.getLogger(__name__)
 SAMPLE_BUFFER = 1024
 
 
-def build_source(spec: str, *, interval_s: float = 1.0, cluster: bool = False) -> Sampler:
+def build_source(
+    spec: str,
+    *,
+    interval_s: float = 1.0,
+    cluster: bool = False,
+    host_proc: str = "",
+    process_interval_s: float = 5.0,
+) -> Sampler:
     """``nvml``, ``replay`` (the bundled H200 trace) or ``replay:PATH``; ``cluster`` when
     the command also takes ``agents`` (which its caller builds), so that a wrong value is
-    told every choice there is.
+    told every choice there is. ``host_proc`` (the host's ``/proc``; empty: off) and
+    ``process_interval_s`` are NVML's per-process readings.
 
     Raises :class:`SourceUnavailable` with a one-line reason; never falls back to fake data.
     """
@@ -76,7 +84,9 @@ def build_source(spec: str, *, interval_s: float = 1.0, cluster: bool = False) -
     if spec == "nvml":
         from keda_gpu_scaler.sources.nvml import open_nvml_sampler
 
-        return open_nvml_sampler(interval_s=interval_s)
+        return open_nvml_sampler(
+            interval_s=interval_s, process_interval_s=process_interval_s, host_proc=host_proc
+        )
     choices = (
         "nvml, replay, replay:PATH or agents (a cluster scaler, with --agents)"
         if cluster

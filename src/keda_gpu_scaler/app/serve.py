@@ -21,6 +21,7 @@ import signal
 from collections.abc import Iterator
 from contextlib import contextmanager
 from functools import partial
+from pathlib import Path
 from types import FrameType
 from typing import TYPE_CHECKING
 
@@ -149,6 +150,17 @@ def _cluster_sources(
     return source, build_cluster_pods(namespaces), namespaces
 
 
+def _check_host_proc(args: argparse.Namespace) -> None:
+    """``--host-proc`` must be a directory where it is read (the NVML source)."""
+    from keda_gpu_scaler.domain.errors import SourceUnavailable
+
+    if args.source == "nvml" and args.host_proc and not Path(args.host_proc).is_dir():
+        raise SourceUnavailable(
+            f"{named(args, '--host-proc')} {args.host_proc}: not a directory (the host's /proc: "
+            "give /proc and run in the host's PID namespace, hostPID)"
+        )
+
+
 async def _serve(args: argparse.Namespace, held: _Held) -> int:
     from keda_gpu_scaler.app.compose import (
         AttributionOptions,
@@ -165,7 +177,14 @@ async def _serve(args: argparse.Namespace, held: _Held) -> int:
         source, attribution, pod_namespaces = _cluster_sources(args)
         pod_attribution = "from the agents"
     else:
-        source = build_source(args.source, interval_s=args.interval, cluster=True)
+        _check_host_proc(args)
+        source = build_source(
+            args.source,
+            interval_s=args.interval,
+            cluster=True,
+            host_proc=args.host_proc,
+            process_interval_s=args.process_interval,
+        )
         socket_path = pod_resources_socket(args)
         pod_attribution = "on" if socket_path else "not configured"
         attribution = build_attribution(

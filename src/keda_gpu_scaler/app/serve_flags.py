@@ -290,6 +290,22 @@ SERVE_FLAGS = (
         boolean,
     ),
     Flag(
+        "--host-proc",
+        "HOST_PROC",
+        "",
+        "the host's /proc, through which the processes NVML lists on each GPU are mapped to "
+        "their pods (per-process readings: a podSelector trigger's own share of a GPU shared "
+        "with another workload); the node agent must run in the host's PID namespace "
+        "(hostPID), where it is /proc; empty turns per-process readings off",
+    ),
+    Flag(
+        "--process-interval",
+        "PROCESS_INTERVAL",
+        "5",
+        "seconds between per-process readings of the GPUs (with --host-proc)",
+        gocli.positive_duration,
+    ),
+    Flag(
         "--node-name",
         "NODE_NAME",
         "",

@@ -14,6 +14,7 @@ from keda_gpu_scaler.sources.nvml.fake_backend import (
 from keda_gpu_scaler.sources.nvml.sampler import (
     DEFAULT_INTERVAL_S,
     DEFAULT_PCIE_INTERVAL_S,
+    DEFAULT_PROCESS_INTERVAL_S,
     CallInThread,
     NvmlSampler,
     run_in_worker_thread,
@@ -36,14 +37,24 @@ def open_nvml_sampler(
     *,
     interval_s: float = DEFAULT_INTERVAL_S,
     pcie_interval_s: float | None = DEFAULT_PCIE_INTERVAL_S,
+    process_interval_s: float = DEFAULT_PROCESS_INTERVAL_S,
+    host_proc: str = "",
 ) -> NvmlSampler:
-    """Initialise NVML and return a sampler over every GPU of this node.
+    """Initialise NVML and return a sampler over every GPU of this node; with ``host_proc``
+    (the host's ``/proc``) its per-process readings map each process to its pod.
 
     Raises :class:`~keda_gpu_scaler.domain.errors.SourceUnavailable` with a one-line
     reason (for example ``NVML library libnvidia-ml.so.1 not found: ...``). NVML stays
     initialised for the life of the process; restarts of the sampler reuse it.
     """
     from keda_gpu_scaler.sources.nvml.pynvml_backend import open_nvml_backend
+    from keda_gpu_scaler.sources.procfs import HostProc
 
     backend = open_nvml_backend()
-    return NvmlSampler(backend, interval_s=interval_s, pcie_interval_s=pcie_interval_s)
+    return NvmlSampler(
+        backend,
+        interval_s=interval_s,
+        pcie_interval_s=pcie_interval_s,
+        process_interval_s=process_interval_s,
+        process_owners=HostProc(host_proc) if host_proc else None,
+    )
