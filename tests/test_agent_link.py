@@ -22,6 +22,7 @@ import pytest
 from anyio.abc import TaskGroup
 from anyio.streams.memory import MemoryObjectReceiveStream
 
+from keda_gpu_scaler._proto_agent.kedagpuscaler import v1 as proto
 from keda_gpu_scaler._proto_agent.kedagpuscaler.v1 import (
     Attribution,
     DeviceHolder,
@@ -39,8 +40,10 @@ from keda_gpu_scaler.domain.samples import (
     AgentTarget,
     Batch,
     DeviceKey,
+    DeviceProcesses,
     GpuReading,
     PodResourcesReading,
+    ProcessUse,
     Sample,
     SourceStopped,
 )
@@ -918,3 +921,59 @@ def test_the_calls_authority_brackets_an_ipv6_address() -> None:
     assert _authority("10.0.0.7", 9400) == "10.0.0.7:9400"
     assert _authority("gpu-agents.ns.svc", 9400) == "gpu-agents.ns.svc:9400"
     assert _authority("fd00::7", 9400) == "[fd00::7]:9400"
+
+
+def _device_processes(key: str = "GPU-aaa", **fields: Any) -> proto.DeviceProcesses:
+    values: dict[str, Any] = {"index": 0, "age_s": 2.0, "period_s": 5.0}
+    return proto.DeviceProcesses(key=key, **{**values, **fields})
+
+
+def test_per_process_readings_become_node_qualified_samples() -> None:
+    uses = [
+        proto.ProcessUse(pid=101, pod_uid="uid-a", container_id="c" * 64, sm=35.0, memory=math.nan),
+        proto.ProcessUse(pid=303, used_memory_bytes=1 << 30, sm=5.0),
+    ]
+    update = _readings(
+        _device(),
+        processes=[
+            _device_processes(processes=uses),
+            _device_processes("MIG-bbb", utilization_unsupported="MIG: Not Supported"),
+        ],
+    )
+    [batch] = _receive(_identified(), update, 100.0)
+    assert isinstance(batch, Batch)
+    reading, gpu, mig = batch.samples
+    assert isinstance(reading, GpuReading)
+    assert isinstance(gpu, DeviceProcesses) and isinstance(mig, DeviceProcesses)
+    assert (gpu.key, gpu.node, gpu.source, gpu.taken_at, gpu.period_s) == (
+        "gpu-node-1/GPU-aaa",
+        NODE,
+        "agent/gpu-node-1",
+        98.0,
+        5.0,
+    )
+    assert gpu.processes == (
+        ProcessUse(pid=101, pod_uid="uid-a", container_id="c" * 64, sm=35.0),  # NaN: none
+        ProcessUse(pid=303, used_memory_bytes=1 << 30, sm=5.0),
+    )
+    assert (mig.key, mig.processes, mig.utilization_unsupported) == (
+        "gpu-node-1/MIG-bbb",
+        (),
+        "MIG: Not Supported",
+    )
+
+
+def test_an_agent_without_per_process_readings_sends_none_and_bad_ones_are_refused() -> None:
+    # An agent of a release before them: the field is absent, so there is nothing.
+    [batch] = _receive(_identified(), _readings(_device()), 1.0)
+    assert isinstance(batch, Batch)
+    assert not [s for s in batch.samples if isinstance(s, DeviceProcesses)]
+    for processes, message in (
+        ([_device_processes(""), _device_processes()], "a device without a key"),
+        ([_device_processes(), _device_processes()], "device GPU-aaa twice in one update"),
+        ([_device_processes(age_s=-1.0)], "GPU-aaa's processes' age_s -1.0 is not"),
+        ([_device_processes(period_s=0.0)], "GPU-aaa's processes' period_s 0.0 is not"),
+    ):
+        with pytest.raises(BadUpdate) as caught:
+            _receive(_identified(), _readings(processes=processes), 1.0)
+        assert message in str(caught.value)

@@ -30,9 +30,11 @@ from keda_gpu_scaler._proto_agent.kedagpuscaler.v1 import (
 from keda_gpu_scaler.domain.samples import (
     Batch,
     DeviceKey,
+    DeviceProcesses,
     GpuReading,
     PodResourcesReading,
     PodsReading,
+    ProcessUse,
     Sample,
     SourceFault,
 )
@@ -462,3 +464,53 @@ async def test_streams_end_ok_on_shutdown_over_both_clients(
     rendered = metrics.render().decode()
     assert "keda_gpu_scaler_agent_streams 0.0" in rendered
     assert 'keda_gpu_scaler_grpc_requests_total{code="OK",method="WatchNode"} 2.0' in rendered
+
+
+def _processes(at: float, *, sm: float | None = 40.0, **fields: Any) -> DeviceProcesses:
+    return DeviceProcesses(
+        source="nvml",
+        key=DeviceKey("GPU-0000"),
+        index=0,
+        taken_at=at,
+        period_s=5.0,
+        processes=(
+            ProcessUse(pid=101, pod_uid="uid-a", container_id="c" * 64, sm=sm, memory=0.0),
+            ProcessUse(pid=7, used_memory_bytes=1 << 30, sm=0.0, mps_server=True),
+        ),
+        **fields,
+    )
+
+
+def test_per_process_readings_go_once_each_and_in_a_streams_first_message() -> None:
+    builder = UpdateBuilder()
+    s1 = fold(EMPTY_SNAPSHOT, [_reading(taken_at=0.0), _processes(0.0)], 0.0)
+    first = builder.update(s1, 0.5)
+    assert first is not None
+    [sent] = first.processes
+    assert (sent.key, sent.index, sent.age_s, sent.period_s) == ("GPU-0000", 0, 0.5, 5.0)
+    wire = NodeReadings.parse(bytes(first)).processes[0]
+    a, server = wire.processes
+    assert (a.pid, a.pod_uid, a.sm, a.memory, a.used_memory_bytes) == (
+        101,
+        "uid-a",
+        40.0,
+        0.0,
+        None,
+    )
+    assert (server.mps_server, server.used_memory_bytes, server.pod_uid) == (True, 1 << 30, "")
+    assert wire.memory_unsupported is None and wire.utilization_unsupported is None
+    # A new device reading, the same per-process reading: not sent again.
+    s2 = fold(s1, [_reading(taken_at=1.0)], 1.0)
+    second = builder.update(s2, 1.0)
+    assert second is not None and second.processes == []
+    # A newer one is; what NVML could not say goes as it was said.
+    why = "NVML gives no per-process utilization on this device"
+    s3 = fold(s2, [_processes(5.0, sm=None, utilization_unsupported=why)], 5.0)
+    third = builder.update(s3, 5.0)
+    assert third is not None
+    [newer] = NodeReadings.parse(bytes(third)).processes
+    assert newer.utilization_unsupported == why
+    assert newer.processes[0].sm is None  # absent, not 0
+    # A new stream gets every device's newest at once.
+    fresh = UpdateBuilder().update(s3, 6.0)
+    assert fresh is not None and [p.age_s for p in fresh.processes] == [1.0]

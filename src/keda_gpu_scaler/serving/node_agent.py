@@ -15,6 +15,9 @@ nothing changed for :func:`heartbeat_s`. The servicer reads the :class:`Snapshot
   once per change of the DRA join (its DRA devices are sent joined: the cluster scaler reads
   no ResourceSlice), its lists only when they changed (``same_holders`` otherwise). At a
   thousand agents at 1 Hz that keeps the cluster scaler's decoding to the readings.
+- **Per-process readings when new.** Each device's per-process reading is read every few
+  seconds and goes out once, in the first message after it was taken (every device's in a
+  stream's first): the cluster scaler keeps it until a newer one comes.
 - **Shutdown** (:meth:`NodeAgentService.begin_shutdown`): every stream ends with status OK, so
   a cluster scaler reconnects, as StreamIsActive streams do.
 """
@@ -23,7 +26,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import anyio
@@ -33,6 +36,7 @@ from keda_gpu_scaler import __version__
 from keda_gpu_scaler._proto_agent.kedagpuscaler.v1 import (
     Attribution,
     DeviceHolder,
+    DeviceProcesses,
     DeviceReading,
     DraDevice,
     Heartbeat,
@@ -41,6 +45,7 @@ from keda_gpu_scaler._proto_agent.kedagpuscaler.v1 import (
     NodeIdentity,
     NodeReadings,
     NodeUpdate,
+    ProcessUse,
     SourceFault,
     WatchNodeRequest,
 )
@@ -99,6 +104,19 @@ def device_reading(reading: GpuReading, now: float) -> DeviceReading:
     )
 
 
+def device_processes(reading: domain.DeviceProcesses, now: float) -> DeviceProcesses:
+    return DeviceProcesses(
+        key=reading.key,
+        index=reading.index,
+        age_s=now - reading.taken_at,
+        period_s=reading.period_s,
+        # The proto message has the domain struct's fields, by name.
+        processes=[ProcessUse(**msgspec.structs.asdict(p)) for p in reading.processes],
+        memory_unsupported=reading.memory_unsupported,
+        utilization_unsupported=reading.utilization_unsupported,
+    )
+
+
 def attribution_lists(
     reading: PodResourcesReading, dra: tuple[domain.DraDevice, ...] | None = None
 ) -> tuple[list[DeviceHolder], list[DraDevice]]:
@@ -125,7 +143,7 @@ def _faulted(snapshot: Snapshot) -> list[tuple[str, SourceState]]:
 def _carried(devices: list[DeviceState], faulted: list[tuple[str, SourceState]]) -> _Carried:
     """What a NodeReadings says, minus the ages: equal means there is nothing new to send."""
     return (
-        tuple((d.key, d.reading, d.lost_reason) for d in devices),
+        tuple((d.key, d.reading, d.lost_reason, d.processes) for d in devices),
         tuple((name, s.fault, s.fault_at) for name, s in faulted),
     )
 
@@ -137,6 +155,8 @@ class UpdateBuilder:
     _carried: _Carried | None = None
     _attribution: tuple[object, ...] | None = None
     _lists: tuple[object, ...] | None = None
+    _processes: dict[domain.DeviceKey, domain.DeviceProcesses] = field(default_factory=dict)
+    """Each device's per-process reading last sent."""
 
     def update(self, snapshot: Snapshot, now: float) -> NodeReadings | None:
         """The message for ``snapshot`` at ``now``, or None when it would say nothing new."""
@@ -148,6 +168,7 @@ class UpdateBuilder:
             return None
         self._carried = carried
         return NodeReadings(
+            processes=self._new_processes(devices, now),
             devices=[
                 device_reading(d.reading, now)
                 for d in devices
@@ -169,6 +190,15 @@ class UpdateBuilder:
             ],
             attribution=attribution,
         )
+
+    def _new_processes(self, devices: list[DeviceState], now: float) -> list[DeviceProcesses]:
+        """The per-process readings taken since the last message, of the devices not lost."""
+        current = {
+            d.key: d.processes for d in devices if d.processes is not None and not d.is_lost()
+        }
+        new = [p for key, p in current.items() if self._processes.get(key) is not p]
+        self._processes = current
+        return [device_processes(p, now) for p in new]
 
     def _new_attribution(self, view: NodeView | None, now: float) -> Attribution | None:
         """The kubelet's answer, once per answer and once per change of the DRA join."""

@@ -18,6 +18,7 @@ __all__ = [
     "SCHEMA",
     "Attribution",
     "DeviceHolder",
+    "DeviceProcesses",
     "DeviceReading",
     "DraDevice",
     "Field",
@@ -27,6 +28,7 @@ __all__ = [
     "NodeIdentity",
     "NodeReadings",
     "NodeUpdate",
+    "ProcessUse",
     "SourceFault",
 ]
 
@@ -125,11 +127,35 @@ class Attribution(msgspec.Struct, frozen=True, gc=False):
     dra: tuple[DraDevice, ...] = ()
 
 
+class ProcessUse(msgspec.Struct, frozen=True, gc=False):
+    pid: int = 0
+    pod_uid: str = ""
+    container_id: str = ""
+    used_memory_bytes: int | None = None
+    sm: float | None = None
+    memory: float | None = None
+    encoder: float | None = None
+    decoder: float | None = None
+    mps_server: bool = False
+    pid_reused: bool = False
+
+
+class DeviceProcesses(msgspec.Struct, frozen=True, gc=False):
+    key: str = ""
+    index: int = 0
+    age_s: float = 0.0
+    period_s: float = 0.0
+    processes: tuple[ProcessUse, ...] = ()
+    memory_unsupported: str | None = None
+    utilization_unsupported: str | None = None
+
+
 class NodeReadings(msgspec.Struct, frozen=True, gc=False):
     devices: tuple[DeviceReading, ...] = ()
     lost: tuple[LostDevice, ...] = ()
     faults: tuple[SourceFault, ...] = ()
     attribution: Attribution | None = None
+    processes: tuple[DeviceProcesses, ...] = ()
 
 
 class NodeUpdate(msgspec.Struct, frozen=True, gc=False):
@@ -186,6 +212,28 @@ SCHEMA: Final[dict[type[msgspec.Struct], tuple[Field, ...]]] = {
         _messages(2, "lost", LostDevice),
         _messages(3, "faults", SourceFault),
         _message(4, "attribution", Attribution),
+        _messages(5, "processes", DeviceProcesses),
+    ),
+    DeviceProcesses: (
+        Field(1, "key", "string"),
+        Field(2, "index", "int32"),
+        Field(3, "age_s", "double"),
+        Field(4, "period_s", "double"),
+        _messages(5, "processes", ProcessUse),
+        Field(6, "memory_unsupported", "string", optional=True),
+        Field(7, "utilization_unsupported", "string", optional=True),
+    ),
+    ProcessUse: (
+        Field(1, "pid", "int32"),
+        Field(2, "pod_uid", "string"),
+        Field(3, "container_id", "string"),
+        _reading(4, "used_memory_bytes", "int64"),
+        _reading(5, "sm", "double"),
+        _reading(6, "memory", "double"),
+        _reading(7, "encoder", "double"),
+        _reading(8, "decoder", "double"),
+        Field(9, "mps_server", "bool"),
+        Field(10, "pid_reused", "bool"),
     ),
     DeviceReading: (
         Field(1, "key", "string"),

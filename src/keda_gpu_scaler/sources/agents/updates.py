@@ -9,7 +9,8 @@ publish, or raises :class:`BadUpdate` naming what the agent got wrong. The rules
 - every message has exactly one kind (identity, readings, heartbeat): an empty message is
   what garbage decodes to, and a newer agent sends new kinds only to a client that asks;
 - ages and periods are finite, ages not negative, periods positive; device keys are
-  present and unique; an attribution that says "same holders" follows one that had them.
+  present and unique (in the readings, and apart in the per-process readings); an
+  attribution that says "same holders" follows one that had them.
 
 Clocks: a reading's ``taken_at`` is the receipt time minus the age the agent sent, on the
 cluster's clock, so an agent whose clock is hours off is read as fresh as it is.
@@ -38,11 +39,14 @@ from keda_gpu_scaler.domain.samples import (
     Batch,
     DeviceHolder,
     DeviceKey,
+    DeviceProcesses,
     DraDevice,
     GpuReading,
     PodResourcesReading,
+    ProcessUse,
     SourceFault,
     SourceStopped,
+    finite_or_none,
 )
 from keda_gpu_scaler.sources.agents import messages
 
@@ -124,11 +128,15 @@ class StreamReader:
         self, node: str, readings: messages.NodeReadings, received_at: float
     ) -> tuple[PodResourcesReading | Batch | SourceStopped, ...]:
         source = readings_source(node)
-        samples: list[GpuReading | SourceFault] = []
+        samples: list[GpuReading | DeviceProcesses | SourceFault] = []
         seen: set[str] = set()
         for device in readings.devices:
             _check_key(device.key, seen)
             samples.append(_reading(device, node, source, received_at))
+        seen_processes: set[str] = set()
+        for processes in readings.processes:
+            _check_key(processes.key, seen_processes)
+            samples.append(_processes(processes, node, source, received_at))
         for lost in readings.lost:
             _check_key(lost.key, seen)
             samples.append(
@@ -216,6 +224,38 @@ def _reading(
         _positive(device.period_s, "period_s", of=device.key),
     )
     return GpuReading(*(first + readings + (node,)))
+
+
+def _processes(
+    device: messages.DeviceProcesses, node: str, source: str, received_at: float
+) -> DeviceProcesses:
+    return DeviceProcesses(
+        source=source,
+        key=DeviceKey(f"{node}/{device.key}"),
+        index=device.index,
+        taken_at=received_at - _age(device.age_s, "processes' age_s", of=device.key),
+        period_s=_positive(device.period_s, "processes' period_s", of=device.key),
+        processes=tuple(_process(p) for p in device.processes),
+        memory_unsupported=device.memory_unsupported,
+        utilization_unsupported=device.utilization_unsupported,
+        node=node,
+    )
+
+
+def _process(process: messages.ProcessUse) -> ProcessUse:
+    # A NaN or an infinity is no reading, as in a device's readings.
+    return ProcessUse(
+        pid=process.pid,
+        pod_uid=process.pod_uid,
+        container_id=process.container_id,
+        used_memory_bytes=process.used_memory_bytes,
+        sm=finite_or_none(process.sm),
+        memory=finite_or_none(process.memory),
+        encoder=finite_or_none(process.encoder),
+        decoder=finite_or_none(process.decoder),
+        mps_server=process.mps_server,
+        pid_reused=process.pid_reused,
+    )
 
 
 def _holders(attribution: messages.Attribution) -> tuple[DeviceHolder, ...]:

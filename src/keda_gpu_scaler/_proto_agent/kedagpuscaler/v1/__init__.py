@@ -6,6 +6,7 @@
 __all__ = (
     "Attribution",
     "DeviceHolder",
+    "DeviceProcesses",
     "DeviceReading",
     "DraDevice",
     "Heartbeat",
@@ -15,6 +16,7 @@ __all__ = (
     "NodeIdentity",
     "NodeReadings",
     "NodeUpdate",
+    "ProcessUse",
     "SourceFault",
     "WatchNodeRequest",
 )
@@ -95,6 +97,49 @@ class DeviceHolder(betterproto2.Message):
 
 
 default_message_pool.register_message("kedagpuscaler.v1", "DeviceHolder", DeviceHolder)
+
+
+@dataclass(eq=False, repr=False)
+class DeviceProcesses(betterproto2.Message):
+    """
+    The processes on one device (a GPU or a MIG instance) at one instant, each with its pod:
+    what a podSelector trigger over a device shared with another workload measures its own
+    pods by. What NVML cannot tell apart on the device is said, never sent as 0.
+    """
+
+    key: "str" = betterproto2.field(1, betterproto2.TYPE_STRING)
+    """
+    The device's key, as in DeviceReading.
+    """
+
+    index: "int" = betterproto2.field(2, betterproto2.TYPE_INT32)
+
+    age_s: "float" = betterproto2.field(3, betterproto2.TYPE_DOUBLE)
+    """
+    Seconds since the processes were read, on the agent's clock, at the moment of sending.
+    """
+
+    period_s: "float" = betterproto2.field(4, betterproto2.TYPE_DOUBLE)
+    """
+    Seconds between the agent's per-process readings: stale after three.
+    """
+
+    processes: "list[ProcessUse]" = betterproto2.field(5, betterproto2.TYPE_MESSAGE, repeated=True)
+
+    memory_unsupported: "str | None" = betterproto2.field(
+        6, betterproto2.TYPE_STRING, optional=True
+    )
+    """
+    Why no process's memory, or utilization, can be told apart on this device (MIG, MPS,
+    an older GPU, per-process readings off); absent where it can.
+    """
+
+    utilization_unsupported: "str | None" = betterproto2.field(
+        7, betterproto2.TYPE_STRING, optional=True
+    )
+
+
+default_message_pool.register_message("kedagpuscaler.v1", "DeviceProcesses", DeviceProcesses)
 
 
 @dataclass(eq=False, repr=False)
@@ -309,7 +354,7 @@ default_message_pool.register_message("kedagpuscaler.v1", "NodeIdentity", NodeId
 class NodeReadings(betterproto2.Message):
     """
     Everything the agent knows now; each message replaces the previous one entirely, except
-    for the attribution (see Attribution).
+    for the attribution (see Attribution) and the per-process readings (see processes).
     """
 
     devices: "list[DeviceReading]" = betterproto2.field(1, betterproto2.TYPE_MESSAGE, repeated=True)
@@ -334,6 +379,16 @@ class NodeReadings(betterproto2.Message):
     """
     Sent only when the kubelet answered anew since the last Attribution on this stream (and in
     the first NodeReadings that has one); absent otherwise, the previous one still holding.
+    """
+
+    processes: "list[DeviceProcesses]" = betterproto2.field(
+        5, betterproto2.TYPE_MESSAGE, repeated=True
+    )
+    """
+    The per-process readings that are new since the last message on this stream (every
+    device's newest in the first), one per device: the receiver keeps each until a newer one
+    comes. Read on their own, slower cadence, they are sent when they change. Absent from an
+    agent of a release before per-process readings: the receiver then has none.
     """
 
 
@@ -370,6 +425,56 @@ class NodeUpdate(betterproto2.Message):
 
 
 default_message_pool.register_message("kedagpuscaler.v1", "NodeUpdate", NodeUpdate)
+
+
+@dataclass(eq=False, repr=False)
+class ProcessUse(betterproto2.Message):
+    """
+    One process on a device.
+    """
+
+    pid: "int" = betterproto2.field(1, betterproto2.TYPE_INT32)
+    """
+    In the host's PID namespace.
+    """
+
+    pod_uid: "str" = betterproto2.field(2, betterproto2.TYPE_STRING)
+    """
+    The pod it runs in (metadata.uid, from its cgroup); empty outside any pod.
+    """
+
+    container_id: "str" = betterproto2.field(3, betterproto2.TYPE_STRING)
+
+    used_memory_bytes: "int | None" = betterproto2.field(4, betterproto2.TYPE_INT64, optional=True)
+    """
+    Device memory it uses; absent where NVML says it is not available.
+    """
+
+    sm: "float | None" = betterproto2.field(5, betterproto2.TYPE_DOUBLE, optional=True)
+    """
+    Percent of the time since the agent's previous reading (NVML's per-process samples): SM,
+    memory controller, encoder, decoder; absent where not known.
+    """
+
+    memory: "float | None" = betterproto2.field(6, betterproto2.TYPE_DOUBLE, optional=True)
+
+    encoder: "float | None" = betterproto2.field(7, betterproto2.TYPE_DOUBLE, optional=True)
+
+    decoder: "float | None" = betterproto2.field(8, betterproto2.TYPE_DOUBLE, optional=True)
+
+    mps_server: "bool" = betterproto2.field(9, betterproto2.TYPE_BOOL)
+    """
+    An MPS server: it runs its clients' work, and is no workload's own.
+    """
+
+    pid_reused: "bool" = betterproto2.field(10, betterproto2.TYPE_BOOL)
+    """
+    Its PID belonged to another container at the previous reading: its utilization cannot be
+    split between the two.
+    """
+
+
+default_message_pool.register_message("kedagpuscaler.v1", "ProcessUse", ProcessUse)
 
 
 @dataclass(eq=False, repr=False)
