@@ -26,6 +26,7 @@ from keda_gpu_scaler.domain.samples import (
     PodInfo,
     PodResourcesReading,
     PodsReading,
+    ProcessUse,
     ResourceSlicesReading,
     Sample,
     SourceFault,
@@ -74,21 +75,12 @@ class TapAttribution(msgspec.Struct, frozen=True, kw_only=True, tag="attribution
 OUTSIDE_ANY_POD = "outside any pod"
 
 
-class TapProcess(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
+class TapProcess(ProcessUse, frozen=True, kw_only=True, omit_defaults=True):
     """One process on a device, joined to the pod it runs in."""
 
-    pid: int
     pod: str
     """``namespace/name``; ``outside any pod`` (a host process); or ``pod <uid> (not among
     the pods watched)`` for a pod UID the pod watch does not know."""
-    container_id: str = ""
-    used_memory_bytes: int | None = None
-    sm: float | None = None
-    memory: float | None = None
-    encoder: float | None = None
-    decoder: float | None = None
-    mps_server: bool = False
-    pid_reused: bool = False
 
 
 class TapProcesses(msgspec.Struct, frozen=True, kw_only=True, tag="processes"):
@@ -149,18 +141,7 @@ def tap_processes(
     """``reading`` with each process's pod named (``pods``: the watched pods by UID)."""
     device = snapshot.devices.get(reading.key)
     processes = tuple(
-        TapProcess(
-            pid=p.pid,
-            pod=_pod_name(p.pod_uid, pods),
-            container_id=p.container_id,
-            used_memory_bytes=p.used_memory_bytes,
-            sm=p.sm,
-            memory=p.memory,
-            encoder=p.encoder,
-            decoder=p.decoder,
-            mps_server=p.mps_server,
-            pid_reused=p.pid_reused,
-        )
+        TapProcess(**msgspec.structs.asdict(p), pod=_pod_name(p.pod_uid, pods))
         for p in reading.processes
     )
     return TapProcesses(

@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from math import isfinite
 from typing import TypeVar
 
+import msgspec
 from msgspec.structs import astuple
 
 from keda_gpu_scaler.domain.agents import attribution_source, fault_source, readings_source
@@ -242,20 +243,16 @@ def _processes(
     )
 
 
+_PROCESS_SHARES = ("sm", "memory", "encoder", "decoder")
+
+
 def _process(process: messages.ProcessUse) -> ProcessUse:
-    # A NaN or an infinity is no reading, as in a device's readings.
-    return ProcessUse(
-        pid=process.pid,
-        pod_uid=process.pod_uid,
-        container_id=process.container_id,
-        used_memory_bytes=process.used_memory_bytes,
-        sm=finite_or_none(process.sm),
-        memory=finite_or_none(process.memory),
-        encoder=finite_or_none(process.encoder),
-        decoder=finite_or_none(process.decoder),
-        mps_server=process.mps_server,
-        pid_reused=process.pid_reused,
-    )
+    # The domain struct has the message's fields, by name; a NaN or an infinity is no
+    # reading, as in a device's readings.
+    values = msgspec.structs.asdict(process)
+    for name in _PROCESS_SHARES:
+        values[name] = finite_or_none(values[name])
+    return ProcessUse(**values)
 
 
 def _holders(attribution: messages.Attribution) -> tuple[DeviceHolder, ...]:

@@ -55,21 +55,11 @@ class FakeMps:
     """False: the clients' work is sampled as the server's (one PID for all of them)."""
 
 
-@dataclass(frozen=True, slots=True)
-class DriverSample:
-    pid: int
-    timestamp_us: int
-    sm: int
-    memory: int
-    encoder: int
-    decoder: int
-
-
 @dataclass
 class ProcessDriver:
-    """One device's sample buffer."""
+    """One device's sample buffer: one sample per busy process and driver sample period."""
 
-    samples: list[DriverSample] = field(default_factory=list)
+    samples: list[ProcessSample] = field(default_factory=list)
 
     def take(self, running: Iterable[FakeProcess], now_us: int) -> None:
         """The driver's sample of ``running`` now (idle processes leave no sample); the
@@ -84,20 +74,20 @@ class ProcessDriver:
                 continue
             if p.sm or p.memory or p.encoder or p.decoder:
                 self.samples.append(
-                    DriverSample(p.pid, now_us, p.sm, p.memory, p.encoder, p.decoder)
+                    ProcessSample(p.pid, now_us, p.sm, p.memory, p.encoder, p.decoder)
                 )
 
     def since(self, last_seen_us: int) -> list[ProcessSample]:
         """One entry per PID with a non-zero sample newer than ``last_seen_us``: the mean
         of its samples there, at the newest one's timestamp."""
-        by_pid: dict[int, list[DriverSample]] = {}
+        by_pid: dict[int, list[ProcessSample]] = {}
         for s in self.samples:
             if s.timestamp_us > last_seen_us:
                 by_pid.setdefault(s.pid, []).append(s)
         return [_mean(pid, got) for pid, got in sorted(by_pid.items())]
 
 
-def _mean(pid: int, samples: list[DriverSample]) -> ProcessSample:
+def _mean(pid: int, samples: list[ProcessSample]) -> ProcessSample:
     n = len(samples)
     return ProcessSample(
         pid=pid,
