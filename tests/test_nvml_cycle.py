@@ -60,3 +60,13 @@ async def test_every_gpu_gets_pcie_within_its_period(
     async with collect_samples(sampler):
         await anyio.sleep_until(start + 4.5)
     assert nvml.calls["pcie_throughput_kbs"] == 16  # each of 8 GPUs once, in 4 cycles
+
+
+def test_processes_are_due_on_their_tick_though_a_real_clock_wakes_late() -> None:
+    from keda_gpu_scaler.sources.nvml.cycle import processes_due
+
+    # Read at 0.0002 s; cycles every second wake a fraction after their tick.
+    assert processes_due(None, 0.0002, 5.0, cycle_s=1.0)
+    assert not processes_due(0.0002, 4.0003, 5.0, cycle_s=1.0)
+    assert processes_due(0.0002, 5.0001, 5.0, cycle_s=1.0)  # not at 6 s
+    assert not processes_due(0.0002, 5.0001, None, cycle_s=1.0)

@@ -64,12 +64,16 @@ def work_for(
     ]
 
 
-def processes_due(last_at: float | None, now: float, interval_s: float | None) -> bool:
-    """Whether this cycle reads the processes: on the first cycle, then once ``interval_s``
-    has passed (None: never)."""
+def processes_due(
+    last_at: float | None, now: float, interval_s: float | None, *, cycle_s: float
+) -> bool:
+    """Whether this cycle reads the processes: on the first cycle, then on the first cycle
+    (every ``cycle_s``) at which ``interval_s`` has passed (None: never). Cycles wake a
+    little after their tick on a real clock: half a cycle's slack keeps every interval's
+    read on its tick rather than one cycle late."""
     if interval_s is None:
         return False
-    return last_at is None or now - last_at >= interval_s
+    return last_at is None or now - last_at >= interval_s - cycle_s / 2
 
 
 def fold_cycle(

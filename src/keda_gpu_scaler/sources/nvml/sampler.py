@@ -126,7 +126,9 @@ class NvmlSampler:
 
     async def _cycle(self, send: MemoryObjectSendStream[Sample], cycle: Cycle) -> None:
         now = cycle.taken_at
-        due = processes_due(self._processes_at, now, self._process_interval_s)
+        due = processes_due(
+            self._processes_at, now, self._process_interval_s, cycle_s=self._interval_s
+        )
         work = work_for(self._slots, now, self._pcie_interval_s, processes=due)
         read = functools.partial(read_devices, self._backend, work, cycle, self._process_plan)
         # Shielded: the devices this hop discovers must reach the slots, to be freed later.
