@@ -389,3 +389,15 @@ async def test_a_lost_gpu_is_lost_by_its_process_calls_too(
     (fault,) = faults(received)
     assert fault.lost
     assert process_readings(received) == []
+
+
+@pytest.mark.trio
+async def test_a_process_starting_between_the_sizing_call_and_the_read_is_read_again(
+    autojump_clock: trio.testing.MockClock, tmp_path: Path
+) -> None:
+    nvml, proc = _time_sliced(tmp_path)
+    nvml.fail("processes_utilization_info", NvmlCode.INSUFFICIENT_SIZE, times=1)
+    (first, *_) = await _read(nvml, proc.host, 0.5)
+    assert first.utilization_unsupported is None
+    assert [p.sm for p in first.processes] == [60.0, 15.0, 5.0]
+    assert nvml.calls["processes_utilization_info"] == 2

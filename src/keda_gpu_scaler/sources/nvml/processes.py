@@ -170,7 +170,7 @@ class _Read:
             if state.utilization_call not in (None, name):
                 continue
             try:
-                got = calls[name](self._handle, state.last_seen_us)
+                got = _sized(calls[name], self._handle, state.last_seen_us)
             except NvmlAbsent as exc:
                 if exc.code == NvmlCode.NOT_FOUND:  # nothing busy since the last read
                     state.utilization_call = name
@@ -206,6 +206,19 @@ class _Read:
                 "on this device: no utilization per client"
             )
         return None, utilization
+
+
+def _sized(
+    call: Callable[[Handle, int], list[ProcessSample]], handle: Handle, last_seen_us: int
+) -> list[ProcessSample]:
+    """``call``, again once if a process started between its sizing call and its read
+    (InsufficientSize: the buffer it sized is one sample short)."""
+    try:
+        return call(handle, last_seen_us)
+    except NvmlAbsent as exc:
+        if exc.code != NvmlCode.INSUFFICIENT_SIZE:
+            raise
+    return call(handle, last_seen_us)
 
 
 def _owners(
