@@ -285,6 +285,33 @@ def test_the_dra_join_reads_resourceslices_and_its_value_turns_both_off() -> Non
     assert_attribution_on(off)
 
 
+def test_per_process_readings_add_host_pid_and_the_hosts_proc_and_nothing_else() -> None:
+    off = template()
+    assert "hostPID" not in daemonset_of(off)["spec"]["template"]["spec"]
+    assert "KEDA_GPU_SCALER_HOST_PROC" not in env_of(off)
+    on = template(None, "podAttribution.perProcess=true")
+    pod = daemonset_of(on)["spec"]["template"]["spec"]
+    assert pod["hostPID"] is True
+    assert env_of(on)["KEDA_GPU_SCALER_HOST_PROC"]["value"] == "/proc"
+    # No hostPath of /proc, no capability: the pod of pod attribution, plus hostPID.
+    assert {v["name"] for v in pod["volumes"]} == {
+        v["name"] for v in daemonset_of(off)["spec"]["template"]["spec"]["volumes"]
+    }
+    # Otherwise the hardened pod of pod attribution.
+    unchanged = json.loads(json.dumps(on))
+    del daemonset_of(unchanged)["spec"]["template"]["spec"]["hostPID"]
+    assert_hardened(tuple(unchanged))
+    assert "hostPID" in notes("podAttribution.perProcess=true")
+    assert "hostPID" not in notes()
+    stderr = refusal(
+        "--set", "podAttribution.perProcess=true", "--set", "podAttribution.enabled=false"
+    )
+    assert "podAttribution.perProcess needs podAttribution.enabled" in stderr
+    assert "at '/podAttribution/perProcess'" in refusal(
+        "--set-string", "podAttribution.perProcess=yes"
+    )
+
+
 def test_pod_reader_is_never_bound_to_the_default_account() -> None:
     stderr = refusal("--set", "serviceAccount.create=false")
     assert "needs serviceAccount.name" in stderr
