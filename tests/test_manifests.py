@@ -221,7 +221,10 @@ def assert_hardened(docs: tuple[Obj, ...]) -> None:
     (read-only), no GPU taken; uid 0 without any capability only when it attributes pods."""
     pod = daemonset_of(docs)["spec"]["template"]["spec"]
     c = container_of(docs)
-    for key in ("hostNetwork", "hostPID", "hostIPC", "hostUsers"):
+    # hostPID only for per-process readings (podAttribution.perProcess), which say so.
+    per_process = any(e["name"] == "KEDA_GPU_SCALER_HOST_PROC" for e in c.get("env", []))
+    assert pod.get("hostPID", False) is per_process
+    for key in ("hostNetwork", "hostIPC", "hostUsers"):
         assert key not in pod, key  # hostUsers: false would make uid 0 not the socket's owner
     # A Service named keda-gpu-scaler would inject KEDA_GPU_SCALER_PORT=tcp://...
     assert pod["enableServiceLinks"] is False

@@ -57,6 +57,7 @@ VARIANTS = [
         "k0s", ("k0s-pod-attribution-values.yaml",), "privileged", _service_account("gpu-scaler")
     ),
     Variant("prometheus", ("prometheus-values.yaml",), "privileged"),
+    Variant("per-process", ("per-process-values.yaml",), "privileged"),
     # The node agents (pod attribution: privileged) and the cluster scaler (restricted).
     Variant("cluster", ("cluster-values.yaml",), "privileged"),
 ]
