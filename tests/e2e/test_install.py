@@ -12,7 +12,7 @@ say.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -20,6 +20,7 @@ import pytest
 
 from tests.e2e.harness.chart import VALUES, Helm, Release
 from tests.e2e.harness.controlplane import ControlPlane
+from tests.e2e.harness.kubelet import Kubelet
 from tests.e2e.harness.processes import wait_for
 
 ENFORCE = "pod-security.kubernetes.io/enforce"
@@ -152,3 +153,57 @@ def test_pod_attribution_is_refused_by_the_baseline_standard_as_the_docs_say(
     finally:
         helm.uninstall(release.name, namespace)
         plane.admin.delete(f"/api/v1/namespaces/{namespace}")
+
+
+def test_helm_upgrade_to_cluster_mode_keeps_the_address_and_rolls_the_agents_one_at_a_time(
+    plane: ControlPlane, gpu_nodes: list[str], helm: Helm, pod_addresses: Iterator[str]
+) -> None:
+    """docs/migration.md: the Service keeps its name and then selects the cluster scaler; the
+    agents' pods are replaced one node at a time; ``role=node-agents`` goes back."""
+    namespace = "install-upgrade"
+    _namespace(plane, namespace, "privileged")
+    with Kubelet(plane.admin, namespaces=[namespace], nodes=gpu_nodes, addresses=pod_addresses):
+        node = helm.install("upgrade", namespace)
+        try:
+            service = node.find("Service", node.find("DaemonSet")["metadata"]["name"])
+            wait_for("three agents ready", lambda: _ready_agents(plane, node) == 3, timeout_s=60)
+            before = {p["metadata"]["uid"] for p in _daemonset_pods(plane, node)}
+            cluster = helm.install("upgrade", namespace, set_values=["role=cluster"], upgrade=True)
+            unavailable = _watch_rollout(plane, cluster, before)
+            moved = cluster.find("Service", service["metadata"]["name"])
+            assert moved["spec"]["ports"] == service["spec"]["ports"]
+            scaler_labels = cluster.find("Deployment")["spec"]["template"]["metadata"]["labels"]
+            assert moved["spec"]["selector"].items() <= scaler_labels.items()
+            agent_labels = cluster.find("DaemonSet")["spec"]["template"]["metadata"]["labels"]
+            assert not moved["spec"]["selector"].items() <= agent_labels.items()
+            assert max(unavailable) <= 1, unavailable  # one node at a time
+            back = helm.install("upgrade", namespace, set_values=["role=node-agents"], upgrade=True)
+            selector = back.find("Service", service["metadata"]["name"])["spec"]["selector"]
+            assert selector == service["spec"]["selector"]
+            assert back.all("Deployment") == []
+        finally:
+            helm.uninstall("upgrade", namespace)
+            plane.admin.delete(f"/api/v1/namespaces/{namespace}")
+
+
+def _ready_agents(plane: ControlPlane, release: Release) -> int:
+    name = release.find("DaemonSet")["metadata"]["name"]
+    path = f"/apis/apps/v1/namespaces/{release.namespace}/daemonsets/{name}"
+    return int(plane.admin.get(path).get("status", {}).get("numberReady", 0))
+
+
+def _watch_rollout(plane: ControlPlane, release: Release, before: set[str]) -> list[int]:
+    """Samples the DaemonSet's unavailable pods until every old agent pod is replaced and
+    the new ones are ready; returns the samples."""
+    name = release.find("DaemonSet")["metadata"]["name"]
+    path = f"/apis/apps/v1/namespaces/{release.namespace}/daemonsets/{name}"
+    samples: list[int] = []
+
+    def replaced() -> bool:
+        status = plane.admin.get(path).get("status", {})
+        samples.append(int(status.get("numberUnavailable", 0)))
+        uids = {p["metadata"]["uid"] for p in _daemonset_pods(plane, release)}
+        return not uids & before and status.get("numberReady") == 3
+
+    wait_for("the agents rolled to the new template", replaced, timeout_s=120, every_s=0.1)
+    return samples
