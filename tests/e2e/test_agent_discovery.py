@@ -15,7 +15,6 @@ DaemonSet, and the replacement is linked once an agent listens on its address.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,12 +22,11 @@ from typing import Any
 
 import pytest
 
-from tests.e2e.conftest import CLUSTER_NAMESPACE
 from tests.e2e.harness.chart import Release
 from tests.e2e.harness.controlplane import ControlPlane
 from tests.e2e.harness.kubelet import Kubelet, ready_status
 from tests.e2e.harness.processes import Process, wait_for
-from tests.e2e.harness.scaler import Ports, ScalerClient, not_json, start_scaler
+from tests.e2e.harness.scaler import Ports, ScalerClient, cluster_scaler, not_json, start_scaler
 from tests.e2e.harness.traces import write_trace
 from tests.grpcio_client import GrpcioModules
 
@@ -59,7 +57,7 @@ class Cluster:
     def agent_pods(self) -> dict[str, dict[str, Any]]:
         """The running agent pods by node."""
         daemonset = self.release.find("DaemonSet")["metadata"]["name"]
-        pods = self.plane.admin.get(f"/api/v1/namespaces/{CLUSTER_NAMESPACE}/pods")["items"]
+        pods = self.plane.admin.get(f"/api/v1/namespaces/{self.release.namespace}/pods")["items"]
         return {
             p["spec"]["nodeName"]: p
             for p in pods
@@ -86,7 +84,7 @@ class Cluster:
         )
 
     def set_ready(self, pod: dict[str, Any], ready: bool) -> None:
-        path = f"/api/v1/namespaces/{CLUSTER_NAMESPACE}/pods/{pod['metadata']['name']}"
+        path = f"/api/v1/namespaces/{self.release.namespace}/pods/{pod['metadata']['name']}"
         current = self.plane.admin.get(path)
         status = ready_status(current, current["status"]["podIP"])
         for condition in status["conditions"]:
@@ -99,7 +97,7 @@ class Cluster:
     def slice_addresses(self) -> dict[str, bool]:
         service = f"{self.release.find('DaemonSet')['metadata']['name']}-agents"
         slices = self.plane.admin.get(
-            f"/apis/discovery.k8s.io/v1/namespaces/{CLUSTER_NAMESPACE}/endpointslices",
+            f"/apis/discovery.k8s.io/v1/namespaces/{self.release.namespace}/endpointslices",
             labelSelector=f"kubernetes.io/service-name={service}",
         )["items"]
         return {
@@ -109,17 +107,10 @@ class Cluster:
             for address in endpoint["addresses"]
         }
 
-    def answers(self, metadata: dict[str, str], expected: str | float, what: str) -> None:
-        seen: list[str | float] = []
-
-        def answered() -> bool:
-            seen.append(self.client.outcome(metadata, namespace=CLUSTER_NAMESPACE))
-            return seen[-1] == expected
-
-        try:
-            wait_for(what, answered, timeout_s=CHANGE_S, every_s=0.1)
-        except Exception as exc:
-            raise AssertionError(f"{exc}; last answers {seen[-5:]}") from exc
+    def answers(self, metadata: dict[str, str], expected: str | float) -> None:
+        self.client.await_outcome(
+            metadata, expected, namespace=self.release.namespace, timeout_s=CHANGE_S, every_s=0.1
+        )
 
 
 @pytest.fixture
@@ -131,27 +122,24 @@ def cluster(
     pod_addresses: Iterator[str],
     tmp_path: Path,
 ) -> Iterator[Cluster]:
-    account = cluster_release.find("Deployment")["spec"]["template"]["spec"]["serviceAccountName"]
-    kubeconfig = plane.kubeconfig_for(CLUSTER_NAMESPACE, account, tmp_path / "cluster.kubeconfig")
-    service = f"{cluster_release.find('DaemonSet')['metadata']['name']}-agents"
-    with Kubelet(
-        plane.admin, namespaces=[CLUSTER_NAMESPACE], nodes=gpu_nodes, addresses=pod_addresses
-    ):
-        agents: dict[str, Process] = {}
-        scaler = start_scaler(
+    agents: dict[str, Process] = {}
+    with (
+        Kubelet(
+            plane.admin,
+            namespaces=[cluster_release.namespace],
+            nodes=gpu_nodes,
+            addresses=pod_addresses,
+        ),
+        cluster_scaler(
+            plane,
             "discovery-cluster",
-            [
-                "--source=agents",
-                f"--agents=endpoints:{CLUSTER_NAMESPACE}/{service}:grpc",
-                "--pod-resources-socket=",
-            ],
-            logs=plane.paths.logs,
+            release=cluster_release,
             ports=CLUSTER_PORTS,
-            env=dict(os.environ) | {"KUBECONFIG": str(kubeconfig)},
-            wait_ready=False,
-        )
-        client = ScalerClient(grpcio_mods, f"127.0.0.1:{CLUSTER_PORTS.grpc}")
-        found = Cluster(plane, cluster_release, gpu_nodes, tmp_path, agents, client)
+            modules=grpcio_mods,
+            folder=tmp_path,
+        ) as scaler,
+    ):
+        found = Cluster(plane, cluster_release, gpu_nodes, tmp_path, agents, scaler.client)
         try:
             wait_for(
                 "an agent pod Running on every GPU node",
@@ -162,12 +150,10 @@ def cluster(
                 found.start_agent(node, pod)
             yield found
         finally:
-            client.close()
-            scaler.stop()
             for agent in agents.values():
                 agent.stop()
-    for process in [scaler, *agents.values()]:
-        assert not_json(process.log) == []
+    for agent in agents.values():
+        assert not_json(agent.log) == []
 
 
 def test_the_cluster_scaler_links_the_ready_agents_of_the_charts_service(cluster: Cluster) -> None:
@@ -177,8 +163,8 @@ def test_the_cluster_scaler_links_the_ready_agents_of_the_charts_service(cluster
         lambda: cluster.slice_addresses() == dict.fromkeys(addresses.values(), True),
         timeout_s=30,
     )
-    cluster.answers(SUM, 90.0, "every agent linked")
-    cluster.answers(AVG, 30.0, "the average over three nodes")
+    cluster.answers(SUM, 90.0)  # every agent linked
+    cluster.answers(AVG, 30.0)
 
     second = cluster.agent_pods()[cluster.nodes[1]]
     cluster.set_ready(second, False)
@@ -187,17 +173,18 @@ def test_the_cluster_scaler_links_the_ready_agents_of_the_charts_service(cluster
         lambda: cluster.slice_addresses().get(addresses[cluster.nodes[1]]) is False,
         timeout_s=30,
     )
-    cluster.answers(AVG, 35.0, "agent 2 left out of the average")
-    cluster.answers(SUM, "UNAVAILABLE", "a partial sum refused")
+    cluster.answers(AVG, 35.0)  # agent 2 left out of the average
+    cluster.answers(SUM, "UNAVAILABLE")  # a partial sum refused
     cluster.set_ready(second, True)
-    cluster.answers(SUM, 90.0, "agent 2 linked again")
+    cluster.answers(SUM, 90.0)  # agent 2 linked again
 
     third = cluster.agent_pods()[cluster.nodes[2]]
     cluster.plane.admin.delete(
-        f"/api/v1/namespaces/{CLUSTER_NAMESPACE}/pods/{third['metadata']['name']}", grace_s=0
+        f"/api/v1/namespaces/{cluster.release.namespace}/pods/{third['metadata']['name']}",
+        grace_s=0,
     )
     cluster.agents.pop(third["metadata"]["name"]).stop()
-    cluster.answers(AVG, 15.0, "node 3 missing while its agent is replaced")
+    cluster.answers(AVG, 15.0)  # node 3 missing while its agent is replaced
     wait_for(
         "the DaemonSet's replacement Running",
         lambda: (
@@ -207,4 +194,4 @@ def test_the_cluster_scaler_links_the_ready_agents_of_the_charts_service(cluster
         timeout_s=30,
     )
     cluster.start_agent(cluster.nodes[2], cluster.agent_pods()[cluster.nodes[2]])
-    cluster.answers(AVG, 30.0, "the replacement linked")
+    cluster.answers(AVG, 30.0)  # the replacement linked

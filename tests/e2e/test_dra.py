@@ -15,9 +15,7 @@ the kubelet does, ``(driver, pool, device)`` with no UUID. Then:
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -25,16 +23,9 @@ import pytest
 
 from tests.dra_objects import allocated, gpu_device, listed, resource_claim, resource_slice
 from tests.e2e.harness.chart import Release
-from tests.e2e.harness.controlplane import KEDA_NAMESPACE, ControlPlane
+from tests.e2e.harness.controlplane import ControlPlane
 from tests.e2e.harness.kubelet import ready_status
-from tests.e2e.harness.processes import Process, wait_for
-from tests.e2e.harness.scaler import (
-    KubeletSocket,
-    Ports,
-    ScalerClient,
-    not_json,
-    start_scaler,
-)
+from tests.e2e.harness.scaler import NodeAgent, Ports, node_agent
 from tests.e2e.harness.traces import GPU_UUIDS, write_trace
 from tests.fake_kubelet import container, pod
 from tests.grpcio_client import GrpcioModules
@@ -45,14 +36,7 @@ UTILIZATION = 63.0
 LLM = {"metricType": "gpu_utilization", "podSelector": "app=llm", "cooldownSeconds": "0"}
 GHOST = {"metricType": "gpu_utilization", "podSelector": "app=ghost", "cooldownSeconds": "0"}
 CLAIMS = "/apis/resource.k8s.io/v1/namespaces/" + NAMESPACE + "/resourceclaims"
-
-
-@dataclass
-class Node:
-    name: str
-    client: ScalerClient
-    kubelet: KubeletSocket
-    agent: Process
+SLICE = "gpu-node-1-dra"
 
 
 def _pod(plane: ControlPlane, node: str, name: str, app: str, claim: str) -> dict[str, Any]:
@@ -90,70 +74,50 @@ def _claim(
 
 
 @pytest.fixture
-def node(
+def agent(
     plane: ControlPlane,
     gpu_nodes: list[str],
     node_release: Release,
     grpcio_mods: GrpcioModules,
     tmp_path: Path,
-) -> Iterator[Node]:
+) -> Iterator[NodeAgent]:
     plane.namespace(NAMESPACE)
-    account = node_release.find("ServiceAccount")["metadata"]["name"]
-    kubeconfig = plane.kubeconfig_for(KEDA_NAMESPACE, account, tmp_path / "agent.kubeconfig")
     trace = write_trace(
         tmp_path / "trace.jsonl", [(0, UTILIZATION)], duration_s=600, gpus=GPU_UUIDS
     )
-    socket = Path(f"/tmp/e2e-dra-{os.getpid()}.sock")
-    with KubeletSocket(socket) as kubelet:
-        agent = start_scaler(
-            "dra-agent",
-            [
-                f"--source=replay:{trace}",
-                f"--pod-resources-socket={socket}",
-                "--pod-resources-interval=1",
-                f"--node-name={gpu_nodes[0]}",
-            ],
-            logs=plane.paths.logs,
-            ports=PORTS,
-            env=dict(os.environ) | {"KUBECONFIG": str(kubeconfig)},
-        )
-        client = ScalerClient(grpcio_mods, f"127.0.0.1:{PORTS.grpc}")
-        try:
-            yield Node(gpu_nodes[0], client, kubelet, agent)
-        finally:
-            client.close()
-            agent.stop()
-            plane.admin.delete(f"/apis/resource.k8s.io/v1/resourceslices/{gpu_nodes[0]}-dra")
-    assert not_json(agent.log) == []
-
-
-def _answers(node: Node, trigger: dict[str, str], expected: str | float) -> None:
-    seen: list[str | float] = []
-
-    def answered() -> bool:
-        seen.append(node.client.outcome(trigger, namespace=NAMESPACE))
-        return seen[-1] == expected
-
     try:
-        wait_for(
-            f"{trigger['podSelector']} answering {expected}", answered, timeout_s=30, every_s=0.2
-        )
-    except Exception as exc:
-        raise AssertionError(f"{exc}; last answers {seen[-5:]}") from exc
+        with node_agent(
+            plane,
+            "dra-agent",
+            release=node_release,
+            node=gpu_nodes[0],
+            trace=trace,
+            ports=PORTS,
+            modules=grpcio_mods,
+            folder=tmp_path,
+        ) as running:
+            yield running
+    finally:
+        plane.admin.delete(f"/apis/resource.k8s.io/v1/resourceslices/{SLICE}")
+
+
+def _answers(agent: NodeAgent, trigger: dict[str, str], expected: str | float) -> None:
+    agent.client.await_outcome(trigger, expected, namespace=NAMESPACE, timeout_s=30, every_s=0.2)
 
 
 def test_claims_are_joined_through_the_real_apis_resource_slices(
-    plane: ControlPlane, node: Node
+    plane: ControlPlane, gpu_nodes: list[str], agent: NodeAgent
 ) -> None:
-    slice_name = f"{node.name}-dra"
-    first = resource_slice(node.name, [gpu_device(0, GPU_UUIDS[0])], name=slice_name)
+    node = gpu_nodes[0]
+    slice_name = SLICE
+    first = resource_slice(node, [gpu_device(0, GPU_UUIDS[0])], name=slice_name)
     plane.admin.post("/apis/resource.k8s.io/v1/resourceslices", first)
 
-    llm = [_pod(plane, node.name, f"llm-{n}", "llm", "llm-gpu") for n in (0, 1)]
-    shared = _claim(plane, "llm-gpu", "gpu-0", node.name, llm)
-    ghost_pod = _pod(plane, node.name, "ghost-0", "ghost", "ghost-gpu")
-    ghost = _claim(plane, "ghost-gpu", "gpu-1", node.name, [ghost_pod])
-    node.kubelet.set_pods(
+    llm = [_pod(plane, node, f"llm-{n}", "llm", "llm-gpu") for n in (0, 1)]
+    shared = _claim(plane, "llm-gpu", "gpu-0", node, llm)
+    ghost_pod = _pod(plane, node, "ghost-0", "ghost", "ghost-gpu")
+    ghost = _claim(plane, "ghost-gpu", "gpu-1", node, [ghost_pod])
+    agent.kubelet.set_pods(
         [
             pod(
                 NAMESPACE,
@@ -165,19 +129,19 @@ def test_claims_are_joined_through_the_real_apis_resource_slices(
         + [pod(NAMESPACE, "ghost-0", containers=[container("server", dra=[listed(ghost)])])]
     )
 
-    _answers(node, LLM, UTILIZATION)  # two pods on one claim: one device, counted once
-    _answers(node, GHOST, "UNAVAILABLE")
-    why = node.client.details(GHOST, namespace=NAMESPACE)
+    _answers(agent, LLM, UTILIZATION)  # two pods on one claim: one device, counted once
+    _answers(agent, GHOST, "UNAVAILABLE")
+    why = agent.client.details(GHOST, namespace=NAMESPACE)
     assert "ghost-0" in why and "ghost-gpu" in why and "gpu-1" in why, why
 
     # The driver publishes a new generation of its pool that lists gpu-1 as well.
     current = plane.admin.get(f"/apis/resource.k8s.io/v1/resourceslices/{slice_name}")
     second = resource_slice(
-        node.name,
+        node,
         [gpu_device(0, GPU_UUIDS[0]), gpu_device(1, GPU_UUIDS[1])],
         name=slice_name,
         generation=2,
     )
     second["metadata"]["resourceVersion"] = current["metadata"]["resourceVersion"]
     plane.admin.put(f"/apis/resource.k8s.io/v1/resourceslices/{slice_name}", second)
-    _answers(node, GHOST, UTILIZATION)
+    _answers(agent, GHOST, UTILIZATION)

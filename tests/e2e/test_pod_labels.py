@@ -12,7 +12,6 @@ etcd compaction past the agent's resourceVersion together with a restart of the 
 
 from __future__ import annotations
 
-import os
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -23,8 +22,7 @@ import pytest
 from tests.e2e.harness.chart import Release
 from tests.e2e.harness.controlplane import KEDA_NAMESPACE, ControlPlane
 from tests.e2e.harness.kubelet import ready_status
-from tests.e2e.harness.processes import Process, wait_for
-from tests.e2e.harness.scaler import KubeletSocket, Ports, ScalerClient, not_json, start_scaler
+from tests.e2e.harness.scaler import NodeAgent, Ports, node_agent
 from tests.e2e.harness.traces import GPU_UUIDS, write_trace
 from tests.fake_kubelet import container, gpus, pod
 from tests.grpcio_client import GrpcioModules
@@ -43,34 +41,6 @@ REACTION_S = 3.0
 PORTS = Ports(grpc=16010, metrics=19010, probes=18010)
 
 
-class Agent:
-    """The node agent of the scenario, and what it answers KEDA."""
-
-    def __init__(self, process: Process, client: ScalerClient) -> None:
-        self.process = process
-        self.client = client
-
-    def outcome(self) -> str | float:
-        return self.client.outcome(TRIGGER, namespace=NAMESPACE)
-
-    def reaches(self, expected: str | float, *, within_s: float = REACTION_S) -> float:
-        """Seconds until the trigger answers ``expected``; fails past ``within_s``."""
-        began = time.monotonic()
-        seen: list[str | float] = []
-
-        def answered() -> bool:
-            seen.append(self.outcome())
-            return seen[-1] == expected
-
-        try:
-            wait_for(
-                f"the trigger answering {expected}", answered, timeout_s=within_s, every_s=0.05
-            )
-        except Exception as exc:
-            raise AssertionError(f"{exc}; last answers {seen[-5:]}") from exc
-        return time.monotonic() - began
-
-
 @pytest.fixture
 def agent(
     plane: ControlPlane,
@@ -78,35 +48,27 @@ def agent(
     node_release: Release,
     grpcio_mods: GrpcioModules,
     tmp_path: Path,
-) -> Iterator[Agent]:
+) -> Iterator[NodeAgent]:
     plane.namespace(NAMESPACE)
     trace = write_trace(tmp_path / "trace.jsonl", [(0, UTILIZATION)], duration_s=600)
-    account = node_release.find("ServiceAccount")["metadata"]["name"]
-    kubeconfig = plane.kubeconfig_for(KEDA_NAMESPACE, account, tmp_path / "agent.kubeconfig")
-    socket = Path(f"/tmp/e2e-kubelet-{os.getpid()}.sock")
-    with KubeletSocket(socket) as kubelet:
-        kubelet.set_pods(
-            [pod(NAMESPACE, POD, containers=[container("vllm", devices=[gpus(GPU_UUIDS[0])])])]
-        )
-        process = start_scaler(
-            "pod-labels-agent",
-            [
-                f"--source=replay:{trace}",
-                f"--pod-resources-socket={socket}",
-                "--pod-resources-interval=1",
-                f"--node-name={gpu_nodes[0]}",
-            ],
-            logs=plane.paths.logs,
-            ports=PORTS,
-            env=dict(os.environ) | {"KUBECONFIG": str(kubeconfig)},
-        )
-        client = ScalerClient(grpcio_mods, f"127.0.0.1:{PORTS.grpc}")
-        try:
-            yield Agent(process, client)
-        finally:
-            client.close()
-            process.stop()
-        assert not_json(process.log) == []
+    with node_agent(
+        plane,
+        "pod-labels-agent",
+        release=node_release,
+        node=gpu_nodes[0],
+        trace=trace,
+        ports=PORTS,
+        modules=grpcio_mods,
+        folder=tmp_path,
+    ) as running:
+        holder = pod(NAMESPACE, POD, containers=[container("vllm", devices=[gpus(GPU_UUIDS[0])])])
+        running.kubelet.set_pods([holder])
+        yield running
+
+
+def reaches(agent: NodeAgent, expected: str | float, *, within_s: float = REACTION_S) -> float:
+    """Seconds until the trigger answers ``expected``; fails past ``within_s``."""
+    return agent.client.await_outcome(TRIGGER, expected, namespace=NAMESPACE, timeout_s=within_s)
 
 
 def _create_pod(
@@ -133,26 +95,26 @@ def _label(plane: ControlPlane, name: str, app: str) -> None:
 
 
 def test_a_pod_created_relabelled_and_deleted_changes_the_trigger_within_the_bound(
-    plane: ControlPlane, gpu_nodes: list[str], agent: Agent, e2e_report: dict[str, Any]
+    plane: ControlPlane, gpu_nodes: list[str], agent: NodeAgent, e2e_report: dict[str, Any]
 ) -> None:
-    agent.reaches(0.0, within_s=30)  # the pod does not exist yet: a workload with no pods
+    reaches(agent, 0.0, within_s=30)  # the pod does not exist yet: a workload with no pods
     times = {"created": 0.0, "relabelled away": 0.0, "relabelled back": 0.0, "deleted": 0.0}
     _create_pod(plane, gpu_nodes[0], POD, {"app": "vllm"})
-    times["created"] = agent.reaches(UTILIZATION)
+    times["created"] = reaches(agent, UTILIZATION)
     _label(plane, POD, "other")
-    times["relabelled away"] = agent.reaches(0.0)
+    times["relabelled away"] = reaches(agent, 0.0)
     _label(plane, POD, "vllm")
-    times["relabelled back"] = agent.reaches(UTILIZATION)
+    times["relabelled back"] = reaches(agent, UTILIZATION)
     plane.admin.delete(f"/api/v1/namespaces/{NAMESPACE}/pods/{POD}", grace_s=0)
-    times["deleted"] = agent.reaches(0.0)
+    times["deleted"] = reaches(agent, 0.0)
     e2e_report["figures"]["pod label reaction (s)"] = {k: round(v, 3) for k, v in times.items()}
 
 
 def test_the_watch_survives_an_etcd_compaction_and_an_api_server_restart(
-    plane: ControlPlane, gpu_nodes: list[str], agent: Agent, e2e_report: dict[str, Any]
+    plane: ControlPlane, gpu_nodes: list[str], agent: NodeAgent, e2e_report: dict[str, Any]
 ) -> None:
     _create_pod(plane, gpu_nodes[0], POD, {"app": "vllm"})
-    agent.reaches(UTILIZATION)
+    reaches(agent, UTILIZATION)
     # Changes the agent's watch does not see (another node's pod) move etcd's revision past
     # the agent's resourceVersion; compacting there and restarting the API server (whose
     # watch cache then starts at the present) makes the agent's resumed watch too old.
@@ -163,17 +125,13 @@ def test_the_watch_survives_an_etcd_compaction_and_an_api_server_restart(
     restarted_at = time.time()
     plane.restart_apiserver()
     _label(plane, POD, "other")
-    reaction = agent.reaches(0.0, within_s=REACTION_S + 35)  # a resumed watch backs off up to 30 s
+    reaction = reaches(agent, 0.0, within_s=REACTION_S + 35)  # a resumed watch backs off up to 30 s
     _label(plane, POD, "vllm")
-    agent.reaches(UTILIZATION)
+    reaches(agent, UTILIZATION)
 
     user = f"system:serviceaccount:{KEDA_NAMESPACE}:keda-gpu-scaler"
     after = [
-        e
-        for e in plane.audit_events()
-        if e["user"]["username"] == user
-        and e.get("objectRef", {}).get("resource") == "pods"
-        and _seconds(e["stageTimestamp"]) >= restarted_at
+        e for e in plane.audit_requests(user, restarted_at) if e["objectRef"]["resource"] == "pods"
     ]
     verbs = [(e["verb"], e.get("responseStatus", {}).get("code")) for e in after]
     assert ("list", 200) in verbs, f"no relist after the restart: {verbs}"
@@ -184,10 +142,3 @@ def test_the_watch_survives_an_etcd_compaction_and_an_api_server_restart(
     }
     plane.admin.delete(f"/api/v1/namespaces/{NAMESPACE}/pods/{POD}", grace_s=0)
     plane.admin.delete(f"/api/v1/namespaces/{NAMESPACE}/pods/elsewhere", grace_s=0)
-
-
-def _seconds(stamp: str) -> float:
-    """An audit event's RFC 3339 time (microseconds) as seconds since the epoch."""
-    import datetime
-
-    return datetime.datetime.fromisoformat(stamp.replace("Z", "+00:00")).timestamp()

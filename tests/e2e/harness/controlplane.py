@@ -11,6 +11,7 @@ Service's EndpointSlice: no ClusterIP is ever dialled.
 
 from __future__ import annotations
 
+import datetime
 import json
 import shutil
 import ssl
@@ -56,6 +57,11 @@ AUDIT_POLICY = {
 """What the API server records in ``audit.log``: every request of the product's identities,
 with its verb, resource and answer, so RBAC scenarios compare what was used with what the
 chart grants."""
+
+
+def _seconds(stamp: str) -> float:
+    """An audit event's RFC 3339 time (microseconds) as seconds since the epoch."""
+    return datetime.datetime.fromisoformat(stamp.replace("Z", "+00:00")).timestamp()
 
 
 def _http_ok(url: str, *, context: ssl.SSLContext | None = None) -> bool:
@@ -242,6 +248,16 @@ class ControlPlane:
             return []
         lines = self.audit_log.read_text().splitlines()
         return [json.loads(line) for line in lines if line.strip()]
+
+    def audit_requests(self, user: str, since: float) -> list[dict[str, Any]]:
+        """The resource requests ``user`` made since ``since`` (``time.time()``)."""
+        return [
+            e
+            for e in self.audit_events()
+            if e["user"]["username"] == user
+            and "objectRef" in e
+            and _seconds(e["stageTimestamp"]) >= since
+        ]
 
     def apiserver_ready(self) -> bool:
         try:

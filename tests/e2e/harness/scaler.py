@@ -5,12 +5,15 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import sys
 import threading
+import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import Future
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -18,7 +21,9 @@ from typing import Any
 import grpc
 
 from keda_gpu_scaler.sources.kubelet._proto.v1 import PodResources
-from tests.e2e.harness.processes import Process
+from tests.e2e.harness.chart import Release
+from tests.e2e.harness.controlplane import ControlPlane
+from tests.e2e.harness.processes import HarnessError, Process, wait_for
 from tests.fake_kubelet import FakeKubelet
 from tests.grpcio_client import GrpcioModules, generate
 
@@ -138,12 +143,132 @@ class ScalerClient:
         except grpc.RpcError as exc:
             return str(exc.code().name)
 
+    def await_outcome(
+        self,
+        metadata: Mapping[str, str],
+        expected: str | float,
+        *,
+        namespace: str = "default",
+        timeout_s: float,
+        every_s: float = 0.05,
+    ) -> float:
+        """Seconds until :meth:`outcome` is ``expected``; an AssertionError past
+        ``timeout_s``, with the last answers seen."""
+        began = time.monotonic()
+        seen: list[str | float] = []
+
+        def answered() -> bool:
+            seen.append(self.outcome(metadata, namespace=namespace))
+            return seen[-1] == expected
+
+        try:
+            wait_for(
+                f"{dict(metadata)} answering {expected}",
+                answered,
+                timeout_s=timeout_s,
+                every_s=every_s,
+            )
+        except HarnessError as exc:
+            raise AssertionError(f"{exc}; last answers {seen[-5:]}") from exc
+        return time.monotonic() - began
+
     def details(self, metadata: Mapping[str, str], *, namespace: str = "default") -> str:
         try:
             self.metric(metadata, namespace=namespace)
         except grpc.RpcError as exc:
             return str(exc.details())
         return ""
+
+
+@dataclass
+class Scaler:
+    """A product process and a client of its gRPC port."""
+
+    process: Process
+    client: ScalerClient
+
+
+@dataclass
+class NodeAgent(Scaler):
+    kubelet: KubeletSocket
+    """The fake kubelet whose PodResources socket the agent reads."""
+
+
+def account_of(release: Release, kind: str = "DaemonSet") -> str:
+    """The ServiceAccount the release's DaemonSet (or Deployment) runs its pods with."""
+    return str(release.find(kind)["spec"]["template"]["spec"]["serviceAccountName"])
+
+
+@contextmanager
+def node_agent(
+    plane: ControlPlane,
+    name: str,
+    *,
+    release: Release,
+    node: str,
+    trace: Path,
+    ports: Ports,
+    modules: GrpcioModules,
+    folder: Path,
+) -> Iterator[NodeAgent]:
+    """A node agent as the chart runs one: its ServiceAccount's token, its node's name, the
+    (fake) kubelet's PodResources socket, readings replayed from ``trace``. Its log must be
+    JSON lines throughout."""
+    kubeconfig = plane.kubeconfig_for(
+        release.namespace, account_of(release), folder / f"{name}.kubeconfig"
+    )
+    socket = Path(f"/tmp/e2e-{name}-{os.getpid()}.sock")  # short: a unix socket path
+    with KubeletSocket(socket) as kubelet:
+        args = [
+            f"--source=replay:{trace}",
+            f"--pod-resources-socket={socket}",
+            "--pod-resources-interval=1",
+            f"--node-name={node}",
+        ]
+        env = dict(os.environ) | {"KUBECONFIG": str(kubeconfig)}
+        process = start_scaler(name, args, logs=plane.paths.logs, ports=ports, env=env)
+        client = ScalerClient(modules, f"127.0.0.1:{ports.grpc}")
+        try:
+            yield NodeAgent(process, client, kubelet)
+        finally:
+            client.close()
+            process.stop()
+    assert not_json(process.log) == []
+
+
+@contextmanager
+def cluster_scaler(
+    plane: ControlPlane,
+    name: str,
+    *,
+    release: Release,
+    ports: Ports,
+    modules: GrpcioModules,
+    folder: Path,
+) -> Iterator[Scaler]:
+    """A cluster scaler as the chart's Deployment runs one: its ServiceAccount's token, the
+    agents found through the release's ``-agents`` Service. Not waited for: without agents it
+    is not ready."""
+    kubeconfig = plane.kubeconfig_for(
+        release.namespace, account_of(release, "Deployment"), folder / f"{name}.kubeconfig"
+    )
+    service = f"{release.find('DaemonSet')['metadata']['name']}-agents"
+    args = [
+        "--source=agents",
+        f"--agents=endpoints:{release.namespace}/{service}:grpc",
+        "--pod-resources-socket=",
+    ]
+    env = dict(os.environ) | {"KUBECONFIG": str(kubeconfig)}
+    process = start_scaler(
+        name, args, logs=plane.paths.logs, ports=ports, env=env, wait_ready=False
+    )
+    client = ScalerClient(modules, f"127.0.0.1:{ports.grpc}")
+    try:
+        yield Scaler(process, client)
+    finally:
+        client.close()
+        process.stop()
+    assert not_json(process.log) == []
 
 
 def grpcio_modules(folder: Path) -> GrpcioModules:
