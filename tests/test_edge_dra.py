@@ -32,12 +32,8 @@ from keda_gpu_scaler.serving._proto.externalscaler import (
 )
 from keda_gpu_scaler.sources.kubelet import DraDrivers
 from keda_gpu_scaler.sources.nvml.backend import GpmMetric, Utilization
-from keda_gpu_scaler.sources.nvml.fake_backend import (
-    FakeMigInstance,
-    FakeNvml,
-    enable_mig,
-    h200_gpu,
-)
+from keda_gpu_scaler.sources.nvml.fake_backend import FakeNvml, enable_mig, h200_gpu
+from keda_gpu_scaler.sources.nvml.fake_mig import FakeMigInstance
 from keda_gpu_scaler.sources.nvml.sampler import NvmlSampler
 from keda_gpu_scaler.testing import inline
 from tests.dra_objects import (

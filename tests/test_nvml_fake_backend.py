@@ -307,3 +307,104 @@ def test_mps_lists_the_server_and_its_clients_apart() -> None:
     gpu.mps.mps_call_supported = False
     with pytest.raises(NvmlAbsent):
         nvml.mps_compute_processes_v3(h)
+
+
+def _code(call: Any) -> int:
+    with pytest.raises(NvmlError) as caught:
+        call()
+    return caught.value.code
+
+
+def test_mig_devices_are_made_at_runtime_a_gpu_instance_then_a_compute_instance() -> None:
+    nvml = FakeNvml([FakeGpu("GPU-d")])
+    nvml.set_mig_mode(0, True)
+    parent = nvml.device_handle(0)
+    assert (nvml.mig_mode(parent), nvml.max_mig_device_count(parent)) == ((1, 1), 7)
+    gi = nvml.create_gpu_instance(0, start=3, profile_id=19)
+    # A GPU instance alone is no MIG device: nothing to enumerate yet, but its placement is.
+    assert _code(lambda: nvml.mig_device_handle(parent, 0)) == NvmlCode.NOT_FOUND
+    assert nvml.gpu_instance_info(parent, gi) == GpuInstanceInfo(19, 3, 1)
+    made = nvml.create_compute_instance(0, gi)
+    mig = nvml.mig_device_handle(parent, 0)
+    assert nvml.uuid(mig) == made.uuid
+    assert (nvml.gpu_instance_id(mig), nvml.compute_instance_id(mig)) == (gi, 0)
+    # Instances never overlap; a second 1g at slice 3 is refused, one at slice 4 is not.
+    assert _code(lambda: nvml.create_gpu_instance(0, start=2, size=2)) == (
+        NvmlCode.INSUFFICIENT_RESOURCES
+    )
+    other = nvml.create_mig_device(0, start=4)
+    assert other.gpu_instance_id != gi
+    assert [nvml.uuid(nvml.mig_device_handle(parent, i)) for i in (0, 1)] == [
+        made.uuid,
+        other.uuid,
+    ]
+
+
+def test_nothing_is_made_while_mig_mode_is_off() -> None:
+    nvml = FakeNvml.h200()
+    assert _code(lambda: nvml.create_gpu_instance(0, start=0)) == NvmlCode.NOT_SUPPORTED
+    old = FakeNvml([FakeGpu("GPU-v100", mig_supported=False)])
+    assert _code(lambda: old.mig_mode(old.device_handle(0))) == NvmlCode.NOT_SUPPORTED
+    assert _code(lambda: old.set_mig_mode(0, True)) == NvmlCode.NOT_SUPPORTED
+
+
+@pytest.mark.parametrize("stale", [NvmlCode.INVALID_ARGUMENT, NvmlCode.NOT_FOUND])
+def test_a_destroyed_mig_devices_handle_is_invalid_and_its_placement_free_again(
+    stale: NvmlCode,
+) -> None:
+    gpu = FakeGpu("GPU-e")
+    enable_mig(gpu, mig_instances(0, 2))
+    nvml = FakeNvml([gpu])
+    nvml.stale_handle_code = stale
+    parent = nvml.device_handle(0)
+    first, second = nvml.mig_device_handle(parent, 0), nvml.mig_device_handle(parent, 1)
+    # A GPU instance with a compute instance cannot go first.
+    assert _code(lambda: nvml.destroy_gpu_instance(0, 7)) == NvmlCode.IN_USE
+    nvml.destroy_compute_instance(0, 7, 0)
+    assert _code(lambda: nvml.uuid(first)) == stale
+    assert _code(lambda: nvml.memory_v2(first)) == stale
+    assert _code(lambda: nvml.gpu_instance_id(first)) == stale
+    # The other instance moves up to index 0; its own handle still works.
+    assert nvml.uuid(second) == nvml.uuid(nvml.mig_device_handle(parent, 0)) == "MIG-fake-0-8"
+    assert _code(lambda: nvml.mig_device_handle(parent, 1)) == NvmlCode.NOT_FOUND
+    assert _code(lambda: nvml.gpm_mig_sample_get(parent, 7, nvml.gpm_sample_alloc())) == (
+        NvmlCode.NOT_FOUND
+    )
+    # The GPU instance outlives its compute instance until destroyed itself.
+    assert nvml.gpu_instance_info(parent, 7) == GpuInstanceInfo(19, 0, 1)
+    nvml.destroy_gpu_instance(0, 7)
+    assert _code(lambda: nvml.gpu_instance_info(parent, 7)) == NvmlCode.NOT_FOUND
+    # Made again at the same placement: another MIG device, with a UUID of its own.
+    again = nvml.create_mig_device(0, start=0)
+    assert (again.placement_start, again.uuid != "MIG-fake-0-7") == (0, True)
+    assert _code(lambda: nvml.uuid(first)) == stale
+
+
+def test_a_mig_device_with_processes_cannot_be_destroyed() -> None:
+    gpu = FakeGpu("GPU-f")
+    instances = mig_instances(0, 1)
+    instances[0].processes = [FakeProcess(5)]
+    enable_mig(gpu, instances)
+    nvml = FakeNvml([gpu])
+    assert _code(lambda: nvml.destroy_mig_device(0, "MIG-fake-0-7")) == NvmlCode.IN_USE
+    instances[0].processes = []
+    nvml.destroy_mig_device(0, "MIG-fake-0-7")
+    assert gpu.instances == [] and gpu.bare_gpu_instances == {}
+
+
+def test_mig_mode_is_pending_until_activated_which_destroys_every_instance() -> None:
+    gpu = FakeGpu("GPU-g")
+    enable_mig(gpu, mig_instances(0, 2))
+    nvml = FakeNvml([gpu])
+    parent = nvml.device_handle(0)
+    mig = nvml.mig_device_handle(parent, 0)
+    nvml.set_mig_mode(0, False, activate=False)
+    assert nvml.mig_mode(parent) == (1, 0)  # current on, pending off: a reset away
+    assert nvml.uuid(mig) == "MIG-fake-0-7"
+    nvml.activate_mig_mode(0)
+    assert (nvml.mig_mode(parent), nvml.max_mig_device_count(parent)) == ((0, 0), 0)
+    assert _code(lambda: nvml.uuid(mig)) == NvmlCode.INVALID_ARGUMENT
+    assert nvml.utilization(parent).gpu == 0  # whole-GPU utilization is back
+    nvml.set_mig_mode(0, True)
+    assert (nvml.mig_mode(parent), nvml.max_mig_device_count(parent)) == ((1, 1), 7)
+    assert _code(lambda: nvml.mig_device_handle(parent, 0)) == NvmlCode.NOT_FOUND

@@ -5,12 +5,8 @@ The real backend lives in :mod:`.pynvml_backend`, the only module that imports p
 """
 
 from keda_gpu_scaler.sources.nvml.backend import NvmlBackend
-from keda_gpu_scaler.sources.nvml.fake_backend import (
-    FakeGpu,
-    FakeMigInstance,
-    FakeNvlink,
-    FakeNvml,
-)
+from keda_gpu_scaler.sources.nvml.fake_backend import FakeGpu, FakeNvlink, FakeNvml
+from keda_gpu_scaler.sources.nvml.fake_mig import FakeMigInstance
 from keda_gpu_scaler.sources.nvml.sampler import (
     DEFAULT_INTERVAL_S,
     DEFAULT_PCIE_INTERVAL_S,

@@ -36,7 +36,9 @@ class NvmlCode(enum.IntEnum):
     GPU_IS_LOST = 15
     RESET_REQUIRED = 16
     LIB_RM_VERSION_MISMATCH = 18
+    IN_USE = 19
     NO_DATA = 21
+    INSUFFICIENT_RESOURCES = 23
     ARGUMENT_VERSION_MISMATCH = 25
     DEPRECATED = 26
     NOT_READY = 27
@@ -108,6 +110,8 @@ _TEXT: dict[int, str] = {
     NvmlCode.GPU_IS_LOST: "GPU is lost",
     NvmlCode.RESET_REQUIRED: "GPU requires restart",
     NvmlCode.NO_DATA: "No data",
+    NvmlCode.IN_USE: "In use by another client",
+    NvmlCode.INSUFFICIENT_RESOURCES: "Insufficient Resources",
     NvmlCode.UNKNOWN: "Unknown Error",
 }
 

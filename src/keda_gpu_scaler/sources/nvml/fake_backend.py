@@ -10,7 +10,9 @@ nvml.h: a request's scope id names the link (0 is link 0, not the GPU) and
 field. On top of that: MIG layouts, several GPUs, lost GPUs, injected error codes, slow
 calls (the delay goes through an injectable ``sleep`` so tests can advance a fake clock
 instead of sleeping), and the processes on each GPU with the driver's per-process samples
-(:mod:`.fake_processes`).
+(:mod:`.fake_processes`), and MIG layouts changed at runtime as NVML changes them
+(:mod:`.fake_mig`: instances created and destroyed, their handles invalid afterwards, MIG
+mode current and pending).
 """
 
 from __future__ import annotations
@@ -41,6 +43,16 @@ from keda_gpu_scaler.sources.nvml.backend import (
     Utilization,
 )
 from keda_gpu_scaler.sources.nvml.errors import NvmlCode, nvml_error
+from keda_gpu_scaler.sources.nvml.fake_mig import (
+    FakeMigInstance,
+    activate_mig_mode,
+    create_compute_instance,
+    create_gpu_instance,
+    destroy_compute_instance,
+    destroy_gpu_instance,
+    gpu_instance,
+    holds,
+)
 from keda_gpu_scaler.sources.nvml.fake_processes import (
     EPOCH_US,
     FakeMps,
@@ -60,25 +72,6 @@ H200_IDLE_GPM: dict[int, float] = {
     GpmMetric.ANY_TENSOR_UTIL: 0.0,
     GpmMetric.DRAM_BW_UTIL: math.nan,  # as in the first frame of the capture
 }
-
-
-@dataclass
-class FakeMigInstance:
-    """One MIG device (a compute instance inside a GPU instance)."""
-
-    uuid: str
-    gpu_instance_id: int
-    compute_instance_id: int = 0
-    name: str = "NVIDIA H200 MIG 1g.18gb"
-    profile_id: int = 19
-    """The GPU instance profile (19: 1g on Hopper, one memory slice)."""
-    placement_start: int = 0
-    placement_size: int = 1
-    memory_total: int = 16384 * MIB
-    memory_used: int = 0
-    memory_reserved: int = 0
-    gpm: dict[int, float] = field(default_factory=dict)
-    processes: list[FakeProcess] = field(default_factory=list)
 
 
 @dataclass
@@ -114,9 +107,18 @@ class FakeGpu:
     """Per-field return code for the ``SCOPE_ALL_LINKS`` scope; an older driver refuses it."""
     gpm_supported: bool = True
     gpm: dict[int, float] = field(default_factory=lambda: dict(H200_IDLE_GPM))
+    mig_supported: bool = True
+    """False: a GPU without MIG (before Ampere), whose MIG calls answer NotSupported."""
     mig_enabled: bool = False
+    """The current MIG mode."""
+    mig_pending: bool | None = None
+    """The pending MIG mode, until activation (:meth:`FakeNvml.activate_mig_mode`); None:
+    the current one."""
     mig_slots: int = 0
     instances: list[FakeMigInstance] = field(default_factory=list)
+    """The MIG devices (compute instances), in NVML's enumeration order."""
+    bare_gpu_instances: dict[int, GpuInstanceInfo] = field(default_factory=dict)
+    """GPU instances without a compute instance, by id: not MIG devices."""
     lost: bool = False
     processes: list[FakeProcess] = field(default_factory=list)
     """Processes with a context on the GPU (with ``mps``: the MPS clients)."""
@@ -194,6 +196,9 @@ class FakeNvml:
         self._latency: dict[str, float] = {}
         self._faults: list[_Fault] = []
         self._seq = 0
+        self._made = 0
+        self.stale_handle_code: int = NvmlCode.INVALID_ARGUMENT
+        """What a call on the handle of a MIG device that no longer exists answers."""
 
     @classmethod
     def h200(
@@ -230,6 +235,84 @@ class FakeNvml:
         gpu.driver.take(gone, self._now_us())
         gpu.processes = [p for p in gpu.processes if p.pid != pid]
 
+    def create_gpu_instance(
+        self,
+        index: int,
+        *,
+        start: int,
+        size: int = 1,
+        profile_id: int = 19,
+        gpu_instance_id: int | None = None,
+    ) -> int:
+        """A GPU instance on memory slices ``start .. start + size - 1`` of GPU ``index``
+        (``nvmlDeviceCreateGpuInstanceWithPlacement``); its id."""
+        return create_gpu_instance(self.gpus[index], profile_id, start, size, gpu_instance_id)
+
+    def create_compute_instance(
+        self,
+        index: int,
+        gpu_instance_id: int,
+        *,
+        uuid: str | None = None,
+        name: str = "NVIDIA H200 MIG 1g.18gb",
+    ) -> FakeMigInstance:
+        """A compute instance in GPU instance ``gpu_instance_id``: a new MIG device, with a
+        UUID of its own (``nvmlGpuInstanceCreateComputeInstance``)."""
+        self._made += 1
+        uuid = uuid or f"MIG-fake-{index}-{gpu_instance_id}-made-{self._made}"
+        return create_compute_instance(self.gpus[index], gpu_instance_id, uuid=uuid, name=name)
+
+    def create_mig_device(
+        self,
+        index: int,
+        *,
+        start: int,
+        size: int = 1,
+        profile_id: int = 19,
+        uuid: str | None = None,
+    ) -> FakeMigInstance:
+        """A GPU instance and one compute instance in it, as ``nvidia-smi mig -cgi .. -C``
+        and NVIDIA's DRA driver make a MIG device."""
+        gpu_instance_id = self.create_gpu_instance(
+            index, start=start, size=size, profile_id=profile_id
+        )
+        return self.create_compute_instance(index, gpu_instance_id, uuid=uuid)
+
+    def destroy_compute_instance(
+        self, index: int, gpu_instance_id: int, compute_instance_id: int = 0
+    ) -> None:
+        """``nvmlComputeInstanceDestroy``: its MIG device's handles are invalid from now."""
+        destroy_compute_instance(self.gpus[index], gpu_instance_id, compute_instance_id)
+
+    def destroy_gpu_instance(self, index: int, gpu_instance_id: int) -> None:
+        """``nvmlGpuInstanceDestroy``: InUse while it has a compute instance."""
+        destroy_gpu_instance(self.gpus[index], gpu_instance_id)
+
+    def destroy_mig_device(self, index: int, uuid: str) -> None:
+        """The MIG device ``uuid``'s compute instance, then its GPU instance if that was
+        its last one (``nvidia-smi mig -dci``, then ``-dgi``)."""
+        gpu = self.gpus[index]
+        (instance,) = [i for i in gpu.instances if i.uuid == uuid]
+        gi = instance.gpu_instance_id
+        destroy_compute_instance(gpu, gi, instance.compute_instance_id)
+        if gi in gpu.bare_gpu_instances:
+            destroy_gpu_instance(gpu, gi)
+
+    def set_mig_mode(self, index: int, enabled: bool, *, activate: bool = True) -> None:
+        """``nvmlDeviceSetMigMode``: the pending mode; ``activate`` applies it at once, as
+        the driver does on an idle GPU (else :meth:`activate_mig_mode`, a GPU reset)."""
+        gpu = self.gpus[index]
+        if not gpu.mig_supported:
+            raise nvml_error(NvmlCode.NOT_SUPPORTED, "nvmlDeviceSetMigMode")
+        gpu.mig_pending = enabled
+        if activate:
+            self.activate_mig_mode(index)
+
+    def activate_mig_mode(self, index: int) -> None:
+        """The pending MIG mode of GPU ``index`` takes effect (a GPU reset): every GPU and
+        compute instance on it is destroyed."""
+        activate_mig_mode(self.gpus[index])
+
     def _now_us(self) -> int:
         return EPOCH_US + round(self._clock() * 1e6)
 
@@ -251,6 +334,8 @@ class FakeNvml:
         self._raise_injected(call, None if h is None else h.gpu)
         if h is not None and self.gpus[h.gpu].lost:
             raise nvml_error(NvmlCode.GPU_IS_LOST, call)
+        if h is not None and h.instance is not None and not holds(self.gpus[h.gpu], h.instance):
+            raise nvml_error(self.stale_handle_code, call)  # destroyed since
         return h
 
     def _raise_injected(self, call: str, gpu: int | None) -> None:
@@ -361,7 +446,10 @@ class FakeNvml:
 
     def mig_mode(self, handle: Handle) -> tuple[int, int]:
         gpu = self._gpu("mig_mode", handle)
-        return (int(gpu.mig_enabled), int(gpu.mig_enabled))
+        if not gpu.mig_supported:
+            raise nvml_error(NvmlCode.NOT_SUPPORTED, "mig_mode")
+        pending = gpu.mig_enabled if gpu.mig_pending is None else gpu.mig_pending
+        return (int(gpu.mig_enabled), int(pending))
 
     def max_mig_device_count(self, handle: Handle) -> int:
         gpu = self._gpu("max_mig_device_count", handle)
@@ -382,13 +470,10 @@ class FakeNvml:
         return self._instance("compute_instance_id", mig_handle).compute_instance_id
 
     def gpu_instance_info(self, handle: Handle, gpu_instance_id: int) -> GpuInstanceInfo:
-        gpu = self._gpu("gpu_instance_info", handle)
-        for instance in gpu.instances if gpu.mig_enabled else ():
-            if instance.gpu_instance_id == gpu_instance_id:
-                return GpuInstanceInfo(
-                    instance.profile_id, instance.placement_start, instance.placement_size
-                )
-        raise nvml_error(NvmlCode.NOT_FOUND, "gpu_instance_info")
+        info = gpu_instance(self._gpu("gpu_instance_info", handle), gpu_instance_id)
+        if info is None:
+            raise nvml_error(NvmlCode.NOT_FOUND, "gpu_instance_info")
+        return info
 
     def _instance(self, call: str, handle: Handle) -> FakeMigInstance:
         h = self._enter(call, handle)
