@@ -151,11 +151,24 @@ class SourceFault(msgspec.Struct, frozen=True, kw_only=True, tag="fault"):
     """True when the device fell off the bus or answers unknown errors."""
 
 
+class DeviceGone(msgspec.Struct, frozen=True, kw_only=True, tag="gone"):
+    """A device that no longer exists (a MIG instance destroyed, its GPU's MIG mode turned
+    off): the aggregator forgets it (reading, history, processes) at once, rather than
+    keep its last reading until it goes stale."""
+
+    source: str
+    key: DeviceKey
+    at: float
+    reason: str
+    index: int = -1
+    """Its GPU's NVML index."""
+
+
 class Batch(msgspec.Struct, frozen=True, kw_only=True, gc=False, tag="batch"):
     """Everything one sampler cycle read; the aggregator folds it into one snapshot."""
 
     source: str
-    samples: tuple[GpuReading | DeviceProcesses | SourceFault, ...]
+    samples: tuple[GpuReading | DeviceProcesses | SourceFault | DeviceGone, ...]
     cycle_s: float | None = None
     """How long the cycle took to read, when the sampler measured it."""
 
@@ -381,6 +394,7 @@ Sample = (
     GpuReading
     | DeviceProcesses
     | SourceFault
+    | DeviceGone
     | Batch
     | EngineSample
     | SourceStopped
@@ -404,6 +418,7 @@ def unbatch(
     GpuReading
     | DeviceProcesses
     | SourceFault
+    | DeviceGone
     | EngineSample
     | SourceStopped
     | PodResourcesReading

@@ -17,6 +17,7 @@ from keda_gpu_scaler.domain.samples import (
     RESOURCE_SLICES_SOURCE,
     AgentsReading,
     Batch,
+    DeviceGone,
     DeviceHolder,
     DeviceKey,
     DeviceProcesses,
@@ -86,6 +87,9 @@ def fold(
             node = nodes.touch(sample.node or LOCAL_NODE, now)
             node.devices[sample.key] = _processes(node.devices.get(sample.key), sample)
             sources[sample.source] = _heard(source, sample.taken_at)
+        elif isinstance(sample, DeviceGone):
+            # Its node's DRA devices are joined again: another may now take its place.
+            nodes.touch(node_of(sample.key), None).devices.pop(sample.key, None)
         elif isinstance(sample, EngineSample):
             engines[sample.source] = sample
             if plan.keeps_any():

@@ -18,6 +18,7 @@ from keda_gpu_scaler.domain.attribution import attribute
 from keda_gpu_scaler.domain.engines import EngineSample
 from keda_gpu_scaler.domain.samples import (
     AgentsReading,
+    DeviceGone,
     DeviceHolder,
     DeviceKey,
     DeviceProcesses,
@@ -103,6 +104,7 @@ TapEvent = (
     GpuReading
     | TapProcesses
     | SourceFault
+    | DeviceGone
     | EngineSample
     | PodsReading
     | ResourceSlicesReading
