@@ -52,6 +52,7 @@ SERVE_FLAGS = {
     "--pod-namespaces": ("POD_NAMESPACES", "serve, ml", "pod_namespaces", "ml,serve"),
     "--host-proc": ("HOST_PROC", "/proc", "host_proc", "/proc"),
     "--process-interval": ("PROCESS_INTERVAL", "2", "process_interval", 2.0),
+    "--mig-layout-interval": ("MIG_LAYOUT_INTERVAL", "2.5", "mig_layout_interval", 2.5),
 }
 
 
@@ -238,6 +239,11 @@ def _cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedP
             "--host-proc (KEDA_GPU_SCALER_HOST_PROC) /nonexistent/proc: not a directory",
         ),
         (("serve", "--process-interval", "0"), {}, "--process-interval: must be a positive"),
+        (
+            ("serve", "--mig-layout-interval", "-1"),
+            {},
+            "--mig-layout-interval: must be a positive",
+        ),
     ],
 )
 def test_bad_configuration_is_a_clear_error_and_exit_2(

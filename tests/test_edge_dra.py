@@ -80,6 +80,7 @@ SLICE = resource_slice(
         gpu_device(1, GPU[1]),
         mig_device(2, parent_uuid=GPU[2], start=0, uuid=STATIC),
         mig_device(2, parent_uuid=GPU[2], start=3),  # made at allocation: no uuid
+        mig_device(2, parent_uuid=GPU[2], start=5),  # made while the agent runs (a test's)
     ],
     name="gpu-node-1-gpu.nvidia.com-x7k2p",
 )
@@ -90,6 +91,7 @@ CLAIMS = {
     "static": resource_claim("ml", "static-mig", [allocated(NODE, "gpu-2-mig-1g10gb-19-0")]),
     "made": resource_claim("ml", "made-mig", [allocated(NODE, "gpu-2-mig-1g10gb-19-3")]),
     "ghost": resource_claim("ml", "ghost-gpu", [allocated(NODE, "gpu-5")]),
+    "later": resource_claim("ml", "later-mig", [allocated(NODE, "gpu-2-mig-1g10gb-19-5")]),
     "shared": resource_claim(
         "ml",
         "shared-gpu",
@@ -106,6 +108,7 @@ PODS = {
     "static-0": ("static", {"app": "static"}),
     "made-0": ("made", {"app": "made"}),
     "ghost-0": ("ghost", {"app": "ghost"}),
+    "later-0": ("later", {"app": "later"}),
     "share-0": ("shared", {"app": "shared"}),
     "share-1": ("shared", {"app": "shared"}),
     "share-2": ("shared", {"app": "shared"}),
@@ -122,7 +125,10 @@ class Agent:
 
 @asynccontextmanager
 async def node_agent(
-    tmp_path: Path, *, before: Callable[[FakeKubeApi], None] = lambda api: None
+    tmp_path: Path,
+    *,
+    before: Callable[[FakeKubeApi], None] = lambda api: None,
+    nvml: FakeNvml = NVML,
 ) -> AsyncIterator[Agent]:
     listing = [
         pod("ml", name, containers=[container("main", dra=[listed(CLAIMS[claim])])])
@@ -143,7 +149,7 @@ async def node_agent(
                 dra_drivers=DraDrivers.parse("gpu.nvidia.com"),
             )
         )
-        source = NvmlSampler(NVML, interval_s=0.1, call_in_thread=inline)
+        source = NvmlSampler(nvml, interval_s=0.1, mig_layout_interval_s=0.3, call_in_thread=inline)
         async with loopback(source, samplers) as scaler:
             yield Agent(scaler, kubelet, api)
 
@@ -299,3 +305,29 @@ async def test_a_slice_moving_to_a_new_generation_is_unavailable_until_complete(
         await _eventually(agent.scaler, "made", 65.0)  # now by the uuid the slice carries
         (made,) = [d for d in agent.scaler.hub.current.nodes[""].dra if d.pod == "made-0"]
         assert (made.outcome, made.key) == ("uuid", MADE)
+
+
+async def test_a_mig_device_made_while_the_agent_runs_is_its_claims_once_nvml_has_it(
+    tmp_path: Path,
+) -> None:
+    """Dynamic MIG: the DRA driver makes the instance of a claim's MIG device (no uuid in
+    the slice) after the node agent started, and destroys it when the claim is released;
+    the agent follows without a restart."""
+    nvml = _nvml()
+    async with node_agent(tmp_path, nvml=nvml) as agent:
+        await _eventually(agent.scaler, "made", 65.0)
+        message = await _unavailable(agent.scaler, "later")
+        assert "placement_unmatched: no MIG instance NVML reports is at placement start 5" in (
+            message
+        )
+        made = nvml.create_mig_device(2, start=5, uuid="MIG-later-2-5")
+        made.gpm = {GpmMetric.SM_UTIL: 75.0}
+        await _eventually(agent.scaler, "later", 75.0)
+        (later,) = [d for d in agent.scaler.hub.current.nodes[""].dra if d.pod == "later-0"]
+        assert (later.outcome, later.key) == ("placement", "MIG-later-2-5")
+        # The claim is released and its instance destroyed: gone from the snapshot, and
+        # the claim's device is no instance again (not the old one's last reading).
+        nvml.destroy_mig_device(2, "MIG-later-2-5")
+        await _eventually_unavailable(agent.scaler, "later", "placement_unmatched")
+        assert DeviceKey("MIG-later-2-5") not in agent.scaler.hub.current.devices
+        assert await _metrics(agent.scaler, "made") == 65.0

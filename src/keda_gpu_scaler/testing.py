@@ -20,6 +20,7 @@ from keda_gpu_scaler.domain.decision import Measurement
 from keda_gpu_scaler.domain.decision import measure as real_measure
 from keda_gpu_scaler.domain.dra import Slices
 from keda_gpu_scaler.domain.samples import (
+    DeviceGone,
     DeviceKey,
     DeviceProcesses,
     GpuReading,
@@ -239,3 +240,8 @@ def process_readings(samples: Iterable[Sample], key: str | None = None) -> list[
 
 def faults(samples: Iterable[Sample]) -> list[SourceFault]:
     return [s for s in flatten(samples) if isinstance(s, SourceFault)]
+
+
+def gone(samples: Iterable[Sample]) -> list[DeviceGone]:
+    """The devices a sampler said no longer exist."""
+    return [s for s in unbatch(samples) if isinstance(s, DeviceGone)]

@@ -63,11 +63,13 @@ def build_source(
     cluster: bool = False,
     host_proc: str = "",
     process_interval_s: float = 5.0,
+    mig_layout_interval_s: float = 5.0,
 ) -> Sampler:
     """``nvml``, ``replay`` (the bundled H200 trace) or ``replay:PATH``; ``cluster`` when
     the command also takes ``agents`` (which its caller builds), so that a wrong value is
     told every choice there is. ``host_proc`` (the host's ``/proc``; empty: off) and
-    ``process_interval_s`` are NVML's per-process readings.
+    ``process_interval_s`` are NVML's per-process readings; ``mig_layout_interval_s`` how
+    often NVML's MIG layouts are read again (dynamic MIG).
 
     Raises :class:`SourceUnavailable` with a one-line reason; never falls back to fake data.
     """
@@ -85,7 +87,10 @@ def build_source(
         from keda_gpu_scaler.sources.nvml import open_nvml_sampler
 
         return open_nvml_sampler(
-            interval_s=interval_s, process_interval_s=process_interval_s, host_proc=host_proc
+            interval_s=interval_s,
+            process_interval_s=process_interval_s,
+            host_proc=host_proc,
+            mig_layout_interval_s=mig_layout_interval_s,
         )
     choices = (
         "nvml, replay, replay:PATH or agents (a cluster scaler, with --agents)"

@@ -184,6 +184,7 @@ async def _serve(args: argparse.Namespace, held: _Held) -> int:
             cluster=True,
             host_proc=args.host_proc,
             process_interval_s=args.process_interval,
+            mig_layout_interval_s=args.mig_layout_interval,
         )
         socket_path = pod_resources_socket(args)
         pod_attribution = "on" if socket_path else "not configured"

@@ -306,6 +306,15 @@ SERVE_FLAGS = (
         gocli.positive_duration,
     ),
     Flag(
+        "--mig-layout-interval",
+        "MIG_LAYOUT_INTERVAL",
+        "5",
+        "seconds between reads of each GPU's MIG mode and instances (with --source nvml): "
+        "an instance made since (dynamic MIG) is read from then on; one destroyed is "
+        "forgotten as soon as NVML refuses its handle, at the next cycle",
+        gocli.positive_duration,
+    ),
+    Flag(
         "--node-name",
         "NODE_NAME",
         "",

@@ -9,6 +9,7 @@ from keda_gpu_scaler.sources.nvml.fake_backend import FakeGpu, FakeNvlink, FakeN
 from keda_gpu_scaler.sources.nvml.fake_mig import FakeMigInstance
 from keda_gpu_scaler.sources.nvml.sampler import (
     DEFAULT_INTERVAL_S,
+    DEFAULT_MIG_LAYOUT_INTERVAL_S,
     DEFAULT_PCIE_INTERVAL_S,
     DEFAULT_PROCESS_INTERVAL_S,
     CallInThread,
@@ -35,9 +36,11 @@ def open_nvml_sampler(
     pcie_interval_s: float | None = DEFAULT_PCIE_INTERVAL_S,
     process_interval_s: float = DEFAULT_PROCESS_INTERVAL_S,
     host_proc: str = "",
+    mig_layout_interval_s: float = DEFAULT_MIG_LAYOUT_INTERVAL_S,
 ) -> NvmlSampler:
     """Initialise NVML and return a sampler over every GPU of this node; with ``host_proc``
-    (the host's ``/proc``) its per-process readings map each process to its pod.
+    (the host's ``/proc``) its per-process readings map each process to its pod; every
+    ``mig_layout_interval_s`` it reads each GPU's MIG mode and instances again.
 
     Raises :class:`~keda_gpu_scaler.domain.errors.SourceUnavailable` with a one-line
     reason (for example ``NVML library libnvidia-ml.so.1 not found: ...``). NVML stays
@@ -53,4 +56,5 @@ def open_nvml_sampler(
         pcie_interval_s=pcie_interval_s,
         process_interval_s=process_interval_s,
         process_owners=HostProc(host_proc) if host_proc else None,
+        mig_layout_interval_s=mig_layout_interval_s,
     )

@@ -5,8 +5,11 @@ The worker thread reports what it met at each NVML index (:class:`DeviceResult`)
 failed is lost and retried with :class:`Backoff`, and the samples to publish. PCIe, read on
 its own slower cadence, is a value each slot carries (:func:`pcie_due`, :func:`with_pcie`),
 handed to the worker with the device, so no state is shared with a thread. The processes on
-each device are read on a cadence of their own too, in the cycle's hop when
-:func:`processes_due`.
+each device, and the MIG layout of each GPU, are read on cadences of their own too, in the
+cycle's hop when :func:`is_due`; a GPU whose MIG mode is pending a change has its layout read
+every cycle until the change is made. A device that NVML no longer lists at its GPU (a MIG
+instance destroyed, or gone with its GPU's MIG mode) is published as :class:`DeviceGone`,
+so that it is forgotten rather than left to go stale.
 """
 
 from __future__ import annotations
@@ -16,7 +19,13 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 
 from keda_gpu_scaler.domain.backoff import Backoff
-from keda_gpu_scaler.domain.samples import DeviceProcesses, GpuReading, SourceFault
+from keda_gpu_scaler.domain.samples import (
+    DeviceGone,
+    DeviceKey,
+    DeviceProcesses,
+    GpuReading,
+    SourceFault,
+)
 from keda_gpu_scaler.sources.nvml.devices import GpuDevice
 from keda_gpu_scaler.sources.nvml.readings import (
     Cycle,
@@ -46,31 +55,40 @@ class Slot:
     pcie_at: float | None = None
 
 
-CycleOutcome = tuple[
-    tuple[Slot, ...], list[GpuReading | DeviceProcesses | SourceFault], list[GpuDevice]
-]
+CycleSample = GpuReading | DeviceProcesses | SourceFault | DeviceGone
+CycleOutcome = tuple[tuple[Slot, ...], list[CycleSample], list[GpuDevice]]
 """The next slots, the samples to publish, and lost devices whose buffers must be freed."""
 
 
 def work_for(
-    slots: Sequence[Slot], now: float, pcie_interval_s: float | None, *, processes: bool = False
+    slots: Sequence[Slot],
+    now: float,
+    pcie_interval_s: float | None,
+    *,
+    processes: bool = False,
+    layout: bool = False,
 ) -> list[DeviceWork]:
     """What the worker should read now: every device, and each lost one whose retry is due;
-    with ``processes``, their processes too."""
+    with ``processes``, their processes too; with ``layout``, each GPU's MIG layout (and
+    that of a GPU whose MIG mode is pending a change, always)."""
     return [
-        DeviceWork(s.index, s.gpu, _carried_pcie(s, now, pcie_interval_s), processes)
+        DeviceWork(
+            s.index,
+            s.gpu,
+            _carried_pcie(s, now, pcie_interval_s),
+            processes,
+            layout or (s.gpu is not None and s.gpu.mig_pending != s.gpu.mig_enabled),
+        )
         for s in slots
         if s.gpu is not None or now >= s.retry_at
     ]
 
 
-def processes_due(
-    last_at: float | None, now: float, interval_s: float | None, *, cycle_s: float
-) -> bool:
-    """Whether this cycle reads the processes: on the first cycle, then on the first cycle
-    (every ``cycle_s``) at which ``interval_s`` has passed (None: never). Cycles wake a
-    little after their tick on a real clock: half a cycle's slack keeps every interval's
-    read on its tick rather than one cycle late."""
+def is_due(last_at: float | None, now: float, interval_s: float | None, *, cycle_s: float) -> bool:
+    """Whether this cycle does what is done every ``interval_s`` (None: never): on the first
+    cycle, then on the first cycle (every ``cycle_s``) at which ``interval_s`` has passed.
+    Cycles wake a little after their tick on a real clock: half a cycle's slack keeps every
+    interval's read on its tick rather than one cycle late."""
     if interval_s is None:
         return False
     return last_at is None or now - last_at >= interval_s - cycle_s / 2
@@ -81,7 +99,7 @@ def fold_cycle(
 ) -> CycleOutcome:
     by_index = {r.index: r for r in results}
     next_slots: list[Slot] = []
-    samples: list[GpuReading | DeviceProcesses | SourceFault] = []
+    samples: list[CycleSample] = []
     released: list[GpuDevice] = []
     for slot in slots:
         result = by_index.get(slot.index)
@@ -98,7 +116,45 @@ def fold_cycle(
             samples.extend(faults)
             if result.gpu is not None:
                 released.append(result.gpu)
-    return tuple(next_slots), samples, released
+    # First, so that a device found at another index in this very cycle is not forgotten.
+    return tuple(next_slots), [*_gone(slots, next_slots, cycle), *samples], released
+
+
+def _gone(before: Sequence[Slot], after: Sequence[Slot], cycle: Cycle) -> list[DeviceGone]:
+    """The devices no slot knows any more: NVML no longer lists them (a lost GPU keeps its
+    keys, to mark them lost)."""
+    known = {key for slot in after for key in slot.keys}
+    gpus = {slot.keys[0]: slot for slot in after if slot.keys}
+    gone: list[DeviceGone] = []
+    for old in before:
+        if not old.keys:
+            continue
+        gpu, *instances = old.keys  # the GPU's own key first, then its instances'
+        for key in instances:
+            if key not in known:
+                gone.append(_instance_gone(key, old.index, gpus.get(gpu), cycle))
+        if gpu not in known:
+            reason = f"NVML no longer lists {gpu} at GPU index {old.index}"
+            gone.append(_gone_sample(gpu, old.index, cycle, reason))
+    return gone
+
+
+def _instance_gone(key: str, index: int, parent: Slot | None, cycle: Cycle) -> DeviceGone:
+    if parent is not None and parent.gpu is not None and not parent.gpu.mig_enabled:
+        index = parent.index
+        reason = f"MIG mode is off on GPU {index}: MIG instance {key} no longer exists"
+    else:
+        reason = (
+            f"NVML no longer lists MIG instance {key} on GPU {index}: it was destroyed "
+            "(the GPU's MIG layout changed)"
+        )
+    return _gone_sample(key, index, cycle, reason)
+
+
+def _gone_sample(key: str, index: int, cycle: Cycle, reason: str) -> DeviceGone:
+    return DeviceGone(
+        source=cycle.source, key=DeviceKey(key), at=cycle.taken_at, reason=reason, index=index
+    )
 
 
 def _lose(

@@ -35,7 +35,7 @@ from keda_gpu_scaler.sources.nvml.convert import (
     nvlink_per_link,
     nvlink_rates,
 )
-from keda_gpu_scaler.sources.nvml.errors import NvmlAbsent, NvmlError
+from keda_gpu_scaler.sources.nvml.errors import NvmlAbsent, NvmlCode, NvmlError
 from keda_gpu_scaler.sources.nvml.processes import ProcessState
 
 _T = TypeVar("_T")
@@ -104,8 +104,15 @@ class GpuDevice:
     uuid: str
     name: str
     handle: Handle
+    mig_capable: bool | None = None
+    """Whether NVML has a MIG mode for it (None: not known yet; False: NotSupported, the
+    layout is never read again)."""
     mig_enabled: bool = False
+    """The current MIG mode: its instances are what pods hold."""
+    mig_pending: bool = False
+    """The MIG mode it takes at its next activation (a GPU reset)."""
     instances: list[MigDevice] = field(default_factory=list)
+    gpm_supported: bool = False
     gpm: GpmPair | None = None
     memory_v2: bool | None = None
     """Whether memory info v2 works here (None: not tried yet); v1 is the fallback."""
@@ -128,37 +135,91 @@ def discover_gpu(backend: NvmlBackend, index: int) -> GpuDevice:
         name=maybe(backend.name, handle) or "NVIDIA GPU",
         handle=handle,
     )
-    gpm_ok = bool(maybe(backend.gpm_supported, handle))
-    mode = maybe(backend.mig_mode, handle)
-    gpu.mig_enabled = mode is not None and mode[0] == 1
-    if gpm_ok:
+    gpu.gpm_supported = bool(maybe(backend.gpm_supported, handle))
+    if gpu.gpm_supported:
         gpu.gpm = maybe(GpmPair, backend, lambda s: backend.gpm_sample_get(handle, s))
-    if gpu.mig_enabled:
-        gpu.instances = _discover_instances(backend, handle, gpm_ok=gpm_ok)
+    read_layout(backend, gpu)
     return gpu
 
 
-def _discover_instances(backend: NvmlBackend, parent: Handle, *, gpm_ok: bool) -> list[MigDevice]:
-    found = []
-    for slot in range(maybe(backend.max_mig_device_count, parent) or 0):
-        # An empty slot answers NotFound (the H200 with MIG off does the same for slot 0).
-        mig = maybe(backend.mig_device_handle, parent, slot)
-        if mig is None:
-            continue
-        gi = backend.gpu_instance_id(mig)
-        instance = MigDevice(
-            uuid=backend.uuid(mig),
-            name=maybe(backend.name, mig) or "MIG device",
-            handle=mig,
-            gpu_instance_id=gi,
-            compute_instance_id=backend.compute_instance_id(mig),
-            # A DRA driver names a MIG device by its placement: the join needs it.
-            gpu_instance=maybe(backend.gpu_instance_info, parent, gi),
-        )
-        if gpm_ok:
-            instance.gpm = maybe(_mig_gpm, backend, parent, gi)
-        found.append(instance)
+def read_layout(backend: NvmlBackend, gpu: GpuDevice) -> None:
+    """Read ``gpu``'s MIG mode and instances (again), in place.
+
+    An instance still there (by UUID) keeps what the sampler remembers of it (GPM buffers,
+    the memory call that works, its processes); a new one is discovered; one gone is freed.
+    A GPU whose mode NVML cannot read this time keeps the layout it had; one without MIG
+    is not asked again."""
+    if gpu.mig_capable is False:
+        return
+    try:
+        current, pending = backend.mig_mode(gpu.handle)
+    except NvmlAbsent as exc:
+        if exc.code in _NO_MIG:
+            gpu.mig_capable = False
+        return
+    gpu.mig_capable, gpu.mig_enabled, gpu.mig_pending = True, current == 1, pending == 1
+    known = {i.uuid: i for i in gpu.instances}
+    found = _instances(backend, gpu, known) if gpu.mig_enabled else []
+    for instance in gpu.instances:
+        if all(f is not instance for f in found) and instance.gpm is not None:
+            instance.gpm.free()
+    gpu.instances = found
+
+
+_NO_MIG = frozenset({NvmlCode.NOT_SUPPORTED, NvmlCode.FUNCTION_NOT_FOUND})
+"""What ``nvmlDeviceGetMigMode`` answers on a GPU without MIG (before Ampere)."""
+
+
+def instances_moved(backend: NvmlBackend, gpu: GpuDevice) -> bool:
+    """Whether NVML says an instance handle is no longer valid (InvalidArgument or
+    NotFound: the instance was destroyed), or that it names another instance now (NVML
+    may reuse a handle)."""
+    for instance in gpu.instances:
+        uuid = maybe(backend.uuid, instance.handle)
+        if uuid != instance.uuid:
+            return True
+    return False
+
+
+def _instances(
+    backend: NvmlBackend, gpu: GpuDevice, known: dict[str, MigDevice]
+) -> list[MigDevice]:
+    found: list[MigDevice] = []
+    try:
+        for slot in range(maybe(backend.max_mig_device_count, gpu.handle) or 0):
+            # An empty slot answers NotFound (the H200 with MIG off does the same for slot 0).
+            handle = maybe(backend.mig_device_handle, gpu.handle, slot)
+            uuid = None if handle is None else maybe(backend.uuid, handle)
+            if handle is None or uuid is None:
+                continue  # none there, or destroyed while being listed
+            instance = known.get(uuid) or maybe(_discover_instance, backend, gpu, handle, uuid)
+            if instance is not None:
+                instance.handle = handle
+                found.append(instance)
+    except NvmlError:
+        for instance in found:  # the new ones are nobody else's to free
+            if instance.uuid not in known and instance.gpm is not None:
+                instance.gpm.free()
+        raise
     return found
+
+
+def _discover_instance(
+    backend: NvmlBackend, gpu: GpuDevice, handle: Handle, uuid: str
+) -> MigDevice:
+    gi = backend.gpu_instance_id(handle)
+    instance = MigDevice(
+        uuid=uuid,
+        name=maybe(backend.name, handle) or "MIG device",
+        handle=handle,
+        gpu_instance_id=gi,
+        compute_instance_id=backend.compute_instance_id(handle),
+        # A DRA driver names a MIG device by its placement: the join needs it.
+        gpu_instance=maybe(backend.gpu_instance_info, gpu.handle, gi),
+    )
+    if gpu.gpm_supported:  # last: nothing after it may fail and leave its buffers behind
+        instance.gpm = maybe(_mig_gpm, backend, gpu.handle, gi)
+    return instance
 
 
 def _mig_gpm(backend: NvmlBackend, parent: Handle, gpu_instance_id: int) -> GpmPair:

@@ -6,7 +6,10 @@ discovers) the devices it is given and returns what it met at each NVML index, v
 
 On the per-process cadence (``DeviceWork.processes``) it also reads the processes on each
 GPU, or on each MIG instance of a MIG-enabled GPU (:mod:`.processes`), as
-:class:`DeviceProcesses` beside the readings.
+:class:`DeviceProcesses` beside the readings. On the MIG layout's cadence
+(``DeviceWork.layout``), and whenever NVML refuses an instance's handle or says it names
+another instance now, it reads a GPU's MIG mode and instances again before the readings
+(:func:`.devices.read_layout`): dynamic MIG makes and destroys instances at any time.
 
 A MIG instance gets its own utilization (absent: NVML has none per instance), memory and
 GPM, plus copies of its GPU's whole-GPU readings (temperature, power, clocks, PCIe,
@@ -32,7 +35,9 @@ from keda_gpu_scaler.sources.nvml.devices import (
     GpuDevice,
     MigDevice,
     discover_gpu,
+    instances_moved,
     maybe,
+    read_layout,
     read_memory,
     read_nvlink,
     read_pcie,
@@ -61,6 +66,8 @@ class DeviceWork:
     """The PCIe value to carry into the readings (read on its own cadence)."""
     processes: bool = False
     """Read the processes on the device too (their own cadence)."""
+    layout: bool = False
+    """Read the MIG mode and instances again first (their own cadence)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -104,6 +111,8 @@ def _read_device(
         except (NvmlDeviceLost, NvmlAbsent) as exc:
             return DeviceResult(work.index, None, error=exc)
     try:
+        if work.gpu is not None and (work.layout or instances_moved(backend, gpu)):
+            read_layout(backend, gpu)
         found: list[GpuReading | DeviceProcesses] = [*read_gpu(backend, gpu, cycle, work.pcie)]
         if work.processes and plan is not None:
             found.extend(_processes(backend, gpu, cycle, plan))

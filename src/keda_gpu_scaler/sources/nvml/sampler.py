@@ -9,7 +9,10 @@ and GPU, is read on its own slower cadence in a second hop after a cycle's batch
 a few GPUs at a time; its last value is carried into readings while it is fresh. The
 processes on each device (``process_interval_s``, :mod:`.processes`) are read in a cycle's
 own hop when due, mapped to pods through the host's ``/proc`` (``process_owners``; None
-publishes that per-process readings are off).
+publishes that per-process readings are off). So is each GPU's MIG layout
+(``mig_layout_interval_s``), and at once when NVML refuses an instance's handle: instances
+made since are read from then on, and those destroyed are published as
+:class:`~keda_gpu_scaler.domain.samples.DeviceGone`, so that they are forgotten.
 
 Errors: a reading a device cannot give is absent; a lost device (GpuIsLost, Unknown)
 is published as ``SourceFault(lost=True)`` for it and its instances and rediscovered with
@@ -20,7 +23,8 @@ with :class:`SourceFailure` for the supervisor to restart it.
 from __future__ import annotations
 
 import functools
-from collections.abc import Awaitable, Callable
+import logging
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Protocol, TypeVar
 
 import anyio
@@ -29,14 +33,14 @@ from anyio.streams.memory import MemoryObjectSendStream
 
 from keda_gpu_scaler.domain.backoff import Backoff
 from keda_gpu_scaler.domain.errors import SourceFailure
-from keda_gpu_scaler.domain.samples import Batch, Sample
+from keda_gpu_scaler.domain.samples import Batch, DeviceGone, Sample
 from keda_gpu_scaler.sources.cadence import every
 from keda_gpu_scaler.sources.nvml.backend import NvmlBackend
 from keda_gpu_scaler.sources.nvml.cycle import (
     Slot,
     fold_cycle,
+    is_due,
     pcie_due,
-    processes_due,
     with_pcie,
     work_for,
 )
@@ -51,10 +55,12 @@ from keda_gpu_scaler.sources.nvml.readings import (
 from keda_gpu_scaler.sources.procfs import ProcessOwners
 
 _T = TypeVar("_T")
+log = logging.getLogger(__name__)
 
 DEFAULT_INTERVAL_S = 1.0
 DEFAULT_PCIE_INTERVAL_S = 5.0
 DEFAULT_PROCESS_INTERVAL_S = 5.0
+DEFAULT_MIG_LAYOUT_INTERVAL_S = 5.0
 
 
 class CallInThread(Protocol):
@@ -75,13 +81,16 @@ class NvmlSampler:
         pcie_interval_s: float | None = DEFAULT_PCIE_INTERVAL_S,
         process_interval_s: float | None = DEFAULT_PROCESS_INTERVAL_S,
         process_owners: ProcessOwners | None = None,
+        mig_layout_interval_s: float | None = DEFAULT_MIG_LAYOUT_INTERVAL_S,
         max_retry_s: float = 60.0,
         name: str = "nvml",
         call_in_thread: CallInThread = run_in_worker_thread,
     ) -> None:
         """``pcie_interval_s=None`` never reads PCIe (its readings stay absent);
         ``process_interval_s=None`` publishes no per-process readings at all (a recording),
-        and without ``process_owners`` they say that they are off."""
+        and without ``process_owners`` they say that they are off;
+        ``mig_layout_interval_s=None`` reads a GPU's MIG layout again only when NVML
+        refuses one of its instance handles (or a change of MIG mode is pending)."""
         self.name = name
         self._backend = backend
         self._interval_s = interval_s
@@ -93,6 +102,8 @@ class NvmlSampler:
             else ProcessPlan(process_owners, max(process_interval_s, interval_s))
         )
         self._processes_at: float | None = None
+        self._layout_interval_s = mig_layout_interval_s
+        self._layout_at: float | None = None
         # A lost GPU is retried after one period, then twice as long each time.
         self._backoff = Backoff(initial_s=interval_s, factor=2.0, maximum_s=max_retry_s)
         self._call = call_in_thread
@@ -126,18 +137,21 @@ class NvmlSampler:
 
     async def _cycle(self, send: MemoryObjectSendStream[Sample], cycle: Cycle) -> None:
         now = cycle.taken_at
-        due = processes_due(
-            self._processes_at, now, self._process_interval_s, cycle_s=self._interval_s
-        )
-        work = work_for(self._slots, now, self._pcie_interval_s, processes=due)
+        due = is_due(self._processes_at, now, self._process_interval_s, cycle_s=self._interval_s)
+        layout = is_due(self._layout_at, now, self._layout_interval_s, cycle_s=self._interval_s)
+        work = work_for(self._slots, now, self._pcie_interval_s, processes=due, layout=layout)
         read = functools.partial(read_devices, self._backend, work, cycle, self._process_plan)
         # Shielded: the devices this hop discovers must reach the slots, to be freed later.
         with anyio.CancelScope(shield=True):
             results = await self._in_thread(read)
             took = anyio.current_time() - cycle.taken_at
-            self._slots, samples, lost = fold_cycle(self._slots, results, cycle, self._backoff)
+            before = self._slots
+            self._slots, samples, lost = fold_cycle(before, results, cycle, self._backoff)
+            _log_layout(before, self._slots, samples)
             if due:
                 self._processes_at = now
+            if layout:
+                self._layout_at = now
             if lost:
                 await self._in_thread(functools.partial(release_all, lost))
         # One Batch per cycle: the aggregator makes one snapshot of the whole node.
@@ -153,3 +167,18 @@ class NvmlSampler:
         if due:
             values = await self._in_thread(functools.partial(read_pcie_of, self._backend, due))
             self._slots = with_pcie(self._slots, values, anyio.current_time())
+
+
+def _log_layout(before: Sequence[Slot], after: Sequence[Slot], samples: Sequence[Sample]) -> None:
+    """One line per MIG instance that appeared on a GPU already known, or is gone."""
+    for old, new in zip(before, after, strict=True):
+        if old.keys and new.gpu is not None:
+            for key in new.keys[1:]:
+                if key not in old.keys:
+                    log.info("MIG instance appeared", extra={"gpu": new.index, "uuid": key})
+    for sample in samples:
+        if isinstance(sample, DeviceGone):
+            log.info(
+                "device gone",
+                extra={"gpu": sample.index, "uuid": sample.key, "reason": sample.reason},
+            )
