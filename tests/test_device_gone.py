@@ -14,6 +14,7 @@ from keda_gpu_scaler.domain.samples import (
     DeviceKey,
     DeviceProcesses,
     GpuReading,
+    NodeDevices,
 )
 from keda_gpu_scaler.pipeline.state import fold
 from keda_gpu_scaler.pipeline.tap import Tap, TapFilter
@@ -86,3 +87,28 @@ async def test_the_tap_shows_a_gone_device_and_filters_it_by_its_gpu_or_key() ->
         got.append([json.loads(line) async for line in subscription])
     event = {"type": "gone", "source": "nvml", "key": "MIG-a", "at": 2.0, "reason": "r", "index": 0}
     assert got == [[event], [event], []]
+
+
+def test_a_node_agents_list_of_its_devices_forgets_the_others_of_its_node_only() -> None:
+    snapshot = snapshot_after(
+        [
+            agent_reading("n1", 0, 5.0, taken_at=1.0),
+            _instance("MIG-a", 1.0, node="n1"),
+            _instance("MIG-b", 1.0, node="n1"),
+            agent_reading("n2", 0, 5.0, taken_at=1.0),
+        ],
+        1.0,
+    )
+    n2 = snapshot.nodes["n2"]
+    listed = NodeDevices(
+        source="agent/n1",
+        node="n1",
+        at=2.0,
+        keys=frozenset({DeviceKey("n1/GPU-n1-0"), DeviceKey("n1/MIG-b"), DeviceKey("n1/MIG-new")}),
+    )
+    # The list comes first in its batch: devices read after it are the node's own.
+    batch = Batch(source="agent/n1", samples=(listed, _instance("MIG-new", 2.0, node="n1")))
+    after = fold(snapshot, [batch], 2.0)
+    assert sorted(after.nodes["n1"].devices) == ["n1/GPU-n1-0", "n1/MIG-b", "n1/MIG-new"]
+    assert after.device_count == 4
+    assert after.nodes["n2"] is n2

@@ -164,11 +164,23 @@ class DeviceGone(msgspec.Struct, frozen=True, kw_only=True, tag="gone"):
     """Its GPU's NVML index."""
 
 
+class NodeDevices(msgspec.Struct, frozen=True, kw_only=True, gc=False, tag="node-devices"):
+    """Every device a node agent has now, as its stream lists them (readings and lost
+    devices): a cluster scaler forgets the node's other devices, such as a MIG instance
+    destroyed while no stream of the agent was open."""
+
+    source: str
+    node: str
+    at: float
+    keys: frozenset[DeviceKey]
+    """Node-qualified, as the cluster scaler keys them (``<node>/<uuid>``)."""
+
+
 class Batch(msgspec.Struct, frozen=True, kw_only=True, gc=False, tag="batch"):
     """Everything one sampler cycle read; the aggregator folds it into one snapshot."""
 
     source: str
-    samples: tuple[GpuReading | DeviceProcesses | SourceFault | DeviceGone, ...]
+    samples: tuple[GpuReading | DeviceProcesses | SourceFault | DeviceGone | NodeDevices, ...]
     cycle_s: float | None = None
     """How long the cycle took to read, when the sampler measured it."""
 
@@ -395,6 +407,7 @@ Sample = (
     | DeviceProcesses
     | SourceFault
     | DeviceGone
+    | NodeDevices
     | Batch
     | EngineSample
     | SourceStopped
@@ -419,6 +432,7 @@ def unbatch(
     | DeviceProcesses
     | SourceFault
     | DeviceGone
+    | NodeDevices
     | EngineSample
     | SourceStopped
     | PodResourcesReading

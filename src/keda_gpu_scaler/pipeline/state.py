@@ -23,6 +23,7 @@ from keda_gpu_scaler.domain.samples import (
     DeviceProcesses,
     DraDevice,
     GpuReading,
+    NodeDevices,
     PodResourcesReading,
     PodsReading,
     ResourceSlicesReading,
@@ -87,9 +88,8 @@ def fold(
             node = nodes.touch(sample.node or LOCAL_NODE, now)
             node.devices[sample.key] = _processes(node.devices.get(sample.key), sample)
             sources[sample.source] = _heard(source, sample.taken_at)
-        elif isinstance(sample, DeviceGone):
-            # Its node's DRA devices are joined again: another may now take its place.
-            nodes.touch(node_of(sample.key), None).devices.pop(sample.key, None)
+        elif isinstance(sample, DeviceGone | NodeDevices):
+            _forget(nodes, sample)
         elif isinstance(sample, EngineSample):
             engines[sample.source] = sample
             if plan.keeps_any():
@@ -374,6 +374,17 @@ def _processes(device: DeviceState | None, processes: DeviceProcesses) -> Device
     if device is None:
         return DeviceState(key=processes.key, index=processes.index, processes=processes)
     return msgspec.structs.replace(device, processes=processes)
+
+
+def _forget(nodes: NodeBuilder, sample: DeviceGone | NodeDevices) -> None:
+    """Devices that no longer exist leave their node's view, whose DRA devices are joined
+    again (another may now take their place)."""
+    if isinstance(sample, DeviceGone):
+        nodes.touch(node_of(sample.key), None).devices.pop(sample.key, None)
+        return
+    node = nodes.touch(sample.node, None)
+    for key in node.devices.keys() - sample.keys:
+        del node.devices[key]
 
 
 def _count_cycle(sources: dict[str, SourceState], name: str) -> None:

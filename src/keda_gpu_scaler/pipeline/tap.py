@@ -24,6 +24,7 @@ from keda_gpu_scaler.domain.samples import (
     DeviceProcesses,
     DraDevice,
     GpuReading,
+    NodeDevices,
     PodInfo,
     PodResourcesReading,
     PodsReading,
@@ -283,7 +284,7 @@ class Tap:
                 self.publish(tap_processes(sample, snapshot, pods))
             elif isinstance(sample, PodResourcesReading):
                 self.publish(tap_attribution(sample, snapshot))
-            elif not isinstance(sample, SourceStopped):
+            elif not isinstance(sample, SourceStopped | NodeDevices):
                 self.publish(sample)
 
     def publish(self, event: TapEvent) -> None:
