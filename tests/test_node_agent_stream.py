@@ -29,6 +29,7 @@ from keda_gpu_scaler._proto_agent.kedagpuscaler.v1 import (
 )
 from keda_gpu_scaler.domain.samples import (
     Batch,
+    DeviceGone,
     DeviceKey,
     DeviceProcesses,
     GpuReading,
@@ -514,3 +515,29 @@ def test_per_process_readings_go_once_each_and_in_a_streams_first_message() -> N
     # A new stream gets every device's newest at once.
     fresh = UpdateBuilder().update(s3, 6.0)
     assert fresh is not None and [p.age_s for p in fresh.processes] == [1.0]
+
+
+def test_a_device_the_agent_forgot_is_left_out_of_a_message_that_lists_every_device() -> None:
+    builder = UpdateBuilder()
+    both = fold(
+        EMPTY_SNAPSHOT,
+        [Batch(source="nvml", samples=(_reading(0, taken_at=1.0), _reading(1, taken_at=1.0)))],
+        1.0,
+    )
+    first = builder.update(both, 1.5)
+    assert first is not None
+    assert ([d.key for d in first.devices], first.lists_every_device) == (
+        ["GPU-0000", "GPU-0001"],
+        True,
+    )
+    went = DeviceGone(source="nvml", key=DeviceKey("GPU-0001"), at=2.0, reason="destroyed")
+    one = fold(both, [Batch(source="nvml", samples=(went,))], 2.0)
+    # Nothing else changed: the message is sent for the device that went.
+    second = builder.update(one, 2.5)
+    assert second is not None
+    wire = NodeReadings.parse(bytes(second))
+    assert ([d.key for d in wire.devices], wire.lost, wire.lists_every_device) == (
+        ["GPU-0000"],
+        [],
+        True,
+    )

@@ -15,6 +15,11 @@ nothing changed for :func:`heartbeat_s`. The servicer reads the :class:`Snapshot
   once per change of the DRA join (its DRA devices are sent joined: the cluster scaler reads
   no ResourceSlice), its lists only when they changed (``same_holders`` otherwise). At a
   thousand agents at 1 Hz that keeps the cluster scaler's decoding to the readings.
+- **Every device, so that a device forgotten is forgotten there too.** A message names
+  every device the agent has, read or lost, and says so (``lists_every_device``): a device
+  the agent forgot (a MIG instance destroyed) is left out, and the cluster scaler forgets it
+  at once, as it forgets any device kept from an earlier stream that the first message of a
+  new one leaves out.
 - **Per-process readings when new.** Each device's per-process reading is read every few
   seconds and goes out once, in the first message after it was taken (every device's in a
   stream's first): the cluster scaler keeps it until a newer one comes.
@@ -189,6 +194,7 @@ class UpdateBuilder:
                 for name, s in faulted
             ],
             attribution=attribution,
+            lists_every_device=True,
         )
 
     def _new_processes(self, devices: list[DeviceState], now: float) -> list[DeviceProcesses]:

@@ -156,6 +156,7 @@ class NodeReadings(msgspec.Struct, frozen=True, gc=False):
     faults: tuple[SourceFault, ...] = ()
     attribution: Attribution | None = None
     processes: tuple[DeviceProcesses, ...] = ()
+    lists_every_device: bool = False
 
 
 class NodeUpdate(msgspec.Struct, frozen=True, gc=False):
@@ -213,6 +214,7 @@ SCHEMA: Final[dict[type[msgspec.Struct], tuple[Field, ...]]] = {
         _messages(3, "faults", SourceFault),
         _message(4, "attribution", Attribution),
         _messages(5, "processes", DeviceProcesses),
+        Field(6, "lists_every_device", "bool"),
     ),
     DeviceProcesses: (
         Field(1, "key", "string"),

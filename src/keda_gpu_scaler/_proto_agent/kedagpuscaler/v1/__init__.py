@@ -391,6 +391,16 @@ class NodeReadings(betterproto2.Message):
     agent of a release before per-process readings: the receiver then has none.
     """
 
+    lists_every_device: "bool" = betterproto2.field(6, betterproto2.TYPE_BOOL)
+    """
+    True from an agent that forgets a device that no longer exists (a MIG instance
+    destroyed, or gone with its GPU's MIG mode): devices and lost then name every device it
+    has, and the receiver forgets, at once, any other device it keeps for this node (one
+    left out since the previous message, or, in a stream's first, one it kept from an
+    earlier stream). False (absent) from an agent of an earlier release, which never forgets
+    a device: the receiver keeps what it has until it goes stale.
+    """
+
 
 default_message_pool.register_message("kedagpuscaler.v1", "NodeReadings", NodeReadings)
 
