@@ -27,6 +27,7 @@ from keda_gpu_scaler.domain.samples import (
     DeviceHolder,
     DeviceKey,
     GpuReading,
+    NodeDevices,
     PodResourcesReading,
 )
 from keda_gpu_scaler.serving.node_agent import attribution_lists, device_reading
@@ -235,7 +236,9 @@ def test_the_stream_reader_reads_or_refuses_every_decoded_update() -> None:
         for sample in ours:
             assert sample.source.startswith("agent/gpu-node-1"), (seed, sample)
             if isinstance(sample, Batch):
-                assert all(str(s.key).startswith("gpu-node-1/") for s in sample.samples if s.key)
+                for s in sample.samples:
+                    keys = s.keys if isinstance(s, NodeDevices) else {s.key} - {None}
+                    assert all(str(key).startswith("gpu-node-1/") for key in keys), seed
     assert made > 20  # not every update refused
 
 

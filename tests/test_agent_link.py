@@ -39,9 +39,11 @@ from keda_gpu_scaler.domain.backoff import Backoff
 from keda_gpu_scaler.domain.samples import (
     AgentTarget,
     Batch,
+    DeviceGone,
     DeviceKey,
     DeviceProcesses,
     GpuReading,
+    NodeDevices,
     PodResourcesReading,
     ProcessUse,
     Sample,
@@ -139,6 +141,43 @@ def test_readings_get_node_qualified_keys_and_dates_on_the_receivers_clock() -> 
     assert reading.taken_at == received_at - 0.25
     assert (reading.gpu_utilization, reading.memory_used_bytes) == (0.0, 7)
     assert reading.power_mw is None and reading.parent_index is None  # absent stays absent
+
+
+def test_an_agent_listing_every_device_makes_the_receiver_forget_what_it_leaves_out() -> None:
+    reader = _identified()
+    lost = LostDevice(key="GPU-bbb", index=1, reason="fell off", lost_for_s=1.0)
+    every = {"lists_every_device": True, "lost": [lost]}
+    mig = _device("MIG-ccc", index=2)
+    [first] = _receive(reader, _readings(_device(), mig, **every), 10.0)
+    assert isinstance(first, Batch)
+    # A stream's first readings list the node's devices, first: any other is forgotten.
+    listed, *_ = first.samples
+    assert isinstance(listed, NodeDevices)
+    assert (listed.source, listed.node, listed.at) == ("agent/gpu-node-1", NODE, 10.0)
+    assert listed.keys == {f"{NODE}/{k}" for k in ("GPU-aaa", "GPU-bbb", "MIG-ccc")}
+    [same] = _receive(reader, _readings(_device(), mig, **every), 11.0)
+    assert isinstance(same, Batch)
+    assert not any(isinstance(s, NodeDevices | DeviceGone) for s in same.samples)
+    # The instance is destroyed on the agent: left out of the next readings, it is gone.
+    [later] = _receive(reader, _readings(_device(), **every), 12.0)
+    assert isinstance(later, Batch)
+    gone, *_ = later.samples
+    assert isinstance(gone, DeviceGone)
+    assert (gone.key, gone.index, gone.at, gone.source) == (
+        f"{NODE}/MIG-ccc",
+        2,
+        12.0,
+        "agent/gpu-node-1",
+    )
+    assert gone.reason == f"the node agent of {NODE} no longer has it: it no longer exists there"
+
+
+def test_an_older_agent_that_does_not_list_every_device_has_nothing_forgotten() -> None:
+    reader = _identified()
+    for devices in ((_device(), _device("MIG-ccc")), (_device(),)):
+        [batch] = _receive(reader, _readings(*devices), 10.0)
+        assert isinstance(batch, Batch)
+        assert all(isinstance(s, GpuReading) for s in batch.samples)
 
 
 def test_a_nan_or_an_infinity_is_no_reading_and_the_rest_is_kept() -> None:
@@ -707,7 +746,7 @@ async def test_garbage_drops_the_link_with_one_log_line_and_other_links_keep_goi
     assert all(reason in f.reason for f in faults), faults
     assert faults[0].reason.startswith(f"agent 127.0.0.1:{bad.port}: ")
     assert _failing_logs(link_logs) == [faults[0].reason.split(": ", 1)[1]]
-    assert [s.key for s in batch.samples] == ["gpu-node-2/GPU-good"]
+    assert [s.key for s in batch.samples if isinstance(s, GpuReading)] == ["gpu-node-2/GPU-good"]
     # The good link never failed: no fault of it, and no line about it.
     assert not [s for s in healthy.samples if isinstance(s, Fault)]
     failing = [r for r in link_logs.records if r.getMessage() == "agent link failing"]
@@ -786,7 +825,8 @@ async def test_tls_and_mutual_tls_links_stream(
         running_link(_link(target, ssl=context, server_name=server_name)) as running,
     ):
         batch = await running.next_batch()
-    assert batch.source == "agent/gpu-node-1" and len(batch.samples) == 2
+    assert batch.source == "agent/gpu-node-1"
+    assert len([s for s in batch.samples if isinstance(s, GpuReading)]) == 2
 
 
 _UNTRUSTED = "TLS failed: the agent's certificate is refused: unable to get local issuer"

@@ -15,6 +15,12 @@ publish, or raises :class:`BadUpdate` naming what the agent got wrong. The rules
 Clocks: a reading's ``taken_at`` is the receipt time minus the age the agent sent, on the
 cluster's clock, so an agent whose clock is hours off is read as fresh as it is.
 
+Forgetting: from an agent that lists every device it has (``lists_every_device``), a device
+left out since the previous message is gone (:class:`DeviceGone`), and the first message of a
+stream lists the node's devices (:class:`NodeDevices`), so that one kept from an earlier
+stream and gone meanwhile is forgotten too; both come first in their batch. An older agent's
+devices are kept until they go stale.
+
 Names: readings are published as ``agent/<node>`` with keys ``<node>/<agent's key>``; the
 attribution as ``agent/<node>/pod-resources``, and the agent's PodResources faults with it;
 the faults of the agent's pod watch as ``agent/<node>/pods``, a source that lasts while the
@@ -38,11 +44,13 @@ from keda_gpu_scaler.domain.samples import (
     FLOAT_READINGS,
     PODS_SOURCE,
     Batch,
+    DeviceGone,
     DeviceHolder,
     DeviceKey,
     DeviceProcesses,
     DraDevice,
     GpuReading,
+    NodeDevices,
     PodResourcesReading,
     ProcessUse,
     SourceFault,
@@ -83,6 +91,9 @@ class StreamReader:
     _lists: tuple[tuple[DeviceHolder, ...], tuple[DraDevice, ...]] | None = None
     _pods_faulted: bool = False
     """Whether the last readings reported a fault of the agent's pod watch."""
+    _listed: dict[str, int] | None = None
+    """The devices (agent's key: index) the last readings listed as every device the agent
+    has; None before such readings."""
 
     def receive(
         self, update: messages.NodeUpdate, received_at: float
@@ -167,11 +178,38 @@ class StreamReader:
         out: list[PodResourcesReading | Batch | SourceStopped] = []
         if readings.attribution is not None:
             out.append(self._attribution(node, readings.attribution, received_at))
-        out.append(Batch(source=source, samples=(*samples, *attribution_faults)))
+        forgotten = self._forgotten(node, readings, received_at)
+        out.append(Batch(source=source, samples=(*forgotten, *samples, *attribution_faults)))
         if self._pods_faulted and not pods_faulted:
             out.append(SourceStopped(source=fault_source(node, PODS_SOURCE)))
         self._pods_faulted = pods_faulted
         return tuple(out)
+
+    def _forgotten(
+        self, node: str, readings: messages.NodeReadings, received_at: float
+    ) -> list[NodeDevices] | list[DeviceGone]:
+        """What the agent no longer has, if it lists every device: anything not listed, in
+        a stream's first readings; else each device listed last time and not now."""
+        if not readings.lists_every_device:
+            return []
+        source = readings_source(node)
+        listed = {d.key: d.index for d in readings.devices}
+        listed.update((d.key, d.index) for d in readings.lost)
+        before, self._listed = self._listed, listed
+        if before is None:
+            keys = frozenset(DeviceKey(f"{node}/{key}") for key in listed)
+            return [NodeDevices(source=source, node=node, at=received_at, keys=keys)]
+        return [
+            DeviceGone(
+                source=source,
+                key=DeviceKey(f"{node}/{key}"),
+                at=received_at,
+                reason=f"the node agent of {node} no longer has it: it no longer exists there",
+                index=index,
+            )
+            for key, index in before.items()
+            if key not in listed
+        ]
 
     def _attribution(
         self, node: str, attribution: messages.Attribution, received_at: float
