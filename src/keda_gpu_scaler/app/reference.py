@@ -31,9 +31,16 @@ def _metric_types() -> list[str]:
     for info in CATALOG.values():
         needs = f"; needs {info.needs}" if info.needs else ""
         rows.append(
-            (f"`{info.type}`", info.unit, info.origin.value, info.source, info.description + needs)
+            (
+                f"`{info.type}`",
+                info.unit,
+                info.bound.value,
+                info.origin.value,
+                info.source,
+                info.description + needs,
+            )
         )
-    return _table(("metricType", "unit", "from", "source", "meaning"), rows)
+    return _table(("metricType", "unit", "bound per device", "from", "source", "meaning"), rows)
 
 
 def _profiles() -> list[str]:
@@ -109,6 +116,10 @@ def render_configuration() -> str:
         *_trigger_keys(),
         "",
         "## Metric types",
+        "",
+        "The bound is the most one device reads: a demand above it saturates the device, which "
+        "reads the bound while the rest waits in the engine's queue (`keda-gpu-scaler simulate` "
+        "models this, see [simulate.md](simulate.md#saturation)).",
         "",
         *_metric_types(),
         "",

@@ -1,4 +1,5 @@
-"""The metric catalog: every metric type a trigger can name, its unit and where it comes from."""
+"""The metric catalog: every metric type a trigger can name, its unit, where it comes from,
+and the most one device can read of it (its :class:`Bound`)."""
 
 from __future__ import annotations
 
@@ -77,6 +78,32 @@ class Origin(enum.StrEnum):
         return None if self is Origin.GPU else EngineKind(self.value)
 
 
+class Bound(enum.StrEnum):
+    """The most one device (a GPU, or one engine) can read of a metric.
+
+    A demand above it cannot be served by that device: the device reads the bound and the
+    rest waits (what an engine's queue counts). Counts, rates and queues have no bound."""
+
+    PERCENT = "100"
+    DEVICE_MEMORY = "the device's memory"
+    POWER_LIMIT = "the device's power limit"
+    NONE = "none"
+
+
+@dataclass(frozen=True, slots=True)
+class DeviceLimits:
+    """What bounds a device's readings: its memory and its power limit (None: unknown)."""
+
+    memory_mib: float | None = None
+    power_limit_w: float | None = None
+
+    @classmethod
+    def of(cls, reading: GpuReading) -> DeviceLimits:
+        memory = None if not reading.memory_total_bytes else reading.memory_total_bytes // _MIB
+        power = None if reading.power_limit_mw is None else reading.power_limit_mw / 1000.0
+        return cls(None if memory is None else float(memory), power)
+
+
 @dataclass(frozen=True, slots=True)
 class MetricInfo:
     type: MetricType
@@ -94,6 +121,20 @@ class MetricInfo:
     """The engine reading field this metric serves (engine metrics only)."""
     scale: float = 1.0
     """Factor from the reading's unit to this metric's (seconds to ms, say)."""
+    bound: Bound = Bound.NONE
+    """The most one device reads (every percentage: 100)."""
+
+    def limit(self, device: DeviceLimits) -> float | None:
+        """The bound of one device in this metric's unit; None when unbounded or unknown."""
+        match self.bound:
+            case Bound.PERCENT:
+                return 100.0
+            case Bound.DEVICE_MEMORY:
+                return device.memory_mib
+            case Bound.POWER_LIMIT:
+                return device.power_limit_w
+            case _:
+                return None
 
 
 def _memory_used_mib(r: GpuReading) -> float | None:
@@ -128,8 +169,19 @@ def _gpu(
     *,
     per_parent: bool = False,
     needs: str | None = None,
+    bound: Bound | None = None,
 ) -> MetricInfo:
-    return MetricInfo(type_, unit, Origin.GPU, source, description, read, per_parent, needs)
+    return MetricInfo(
+        type_,
+        unit,
+        Origin.GPU,
+        source,
+        description,
+        read,
+        per_parent,
+        needs,
+        bound=_bound(unit) if bound is None else bound,
+    )
 
 
 def _engine(
@@ -142,7 +194,20 @@ def _engine(
     *,
     scale: float = 1.0,
 ) -> MetricInfo:
-    return MetricInfo(type_, unit, origin, source, description, engine_field=field, scale=scale)
+    return MetricInfo(
+        type_,
+        unit,
+        origin,
+        source,
+        description,
+        engine_field=field,
+        scale=scale,
+        bound=_bound(unit),
+    )
+
+
+def _bound(unit: str) -> Bound:
+    return Bound.PERCENT if unit == "percent" else Bound.NONE
 
 
 _ITER_STATS = "; needs enable_iter_perf_stats: true"
@@ -286,6 +351,7 @@ CATALOG: dict[MetricType, MetricInfo] = {
             "nvmlDeviceGetMemoryInfo (v1 used)",
             "VRAM in use, driver-reserved memory included",
             _memory_used_mib,
+            bound=Bound.DEVICE_MEMORY,
         ),
         _gpu(
             MetricType.MEMORY_USED_PERCENT,
@@ -309,6 +375,7 @@ CATALOG: dict[MetricType, MetricInfo] = {
             "board power draw",
             _power_w,
             per_parent=True,
+            bound=Bound.POWER_LIMIT,
         ),
         _gpu(
             MetricType.PCIE_TX_KBPS,
@@ -512,3 +579,19 @@ CATALOG: dict[MetricType, MetricInfo] = {
         *_LLMD,
     )
 }
+
+
+QUEUES = frozenset(
+    {
+        MetricType.VLLM_QUEUE_DEPTH,
+        MetricType.VLLM_QUEUE_CAPACITY,
+        MetricType.TRITON_PENDING_REQUESTS,
+        MetricType.TGI_QUEUE_SIZE,
+        MetricType.SGLANG_QUEUE_REQUESTS,
+        MetricType.TRTLLM_QUEUE_DEPTH,
+        MetricType.DYNAMO_QUEUED_REQUESTS,
+        MetricType.LLMD_QUEUE_SIZE,
+        MetricType.LLMD_AVERAGE_QUEUE_SIZE,
+    }
+)
+"""The metrics that count requests waiting: what a demand above the replicas' bound becomes."""

@@ -12,14 +12,15 @@ from __future__ import annotations
 import math
 
 from keda_gpu_scaler.domain.aggregation import Aggregation
-from keda_gpu_scaler.domain.catalog import CATALOG, MetricType, Origin
+from keda_gpu_scaler.domain.catalog import CATALOG, Bound, MetricType, Origin
 
 PERCENT_CEILING = 100.0
 
 
 def bounded_metric_types() -> tuple[MetricType, ...]:
-    """The metric types with a ceiling: the percentages."""
-    return tuple(info.type for info in CATALOG.values() if info.unit == "percent")
+    """The metric types with a ceiling whatever the device: the percentages (memory and
+    power are bounded by each device's own, which a trigger does not know)."""
+    return tuple(info.type for info in CATALOG.values() if info.bound is Bound.PERCENT)
 
 
 def value_ceiling(
@@ -27,7 +28,7 @@ def value_ceiling(
 ) -> float | None:
     """The most a trigger's value can be; None when unbounded (or summed over unknown GPUs)."""
     info = CATALOG[metric_type]
-    if info.unit != "percent":
+    if info.bound is not Bound.PERCENT:
         return None
     if info.origin is Origin.GPU and aggregation is Aggregation.SUM:
         return None if gpus is None else PERCENT_CEILING * gpus

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from keda_gpu_scaler.app.simulation.inputs import BadInput
-from keda_gpu_scaler.app.simulation.load import TOTAL_MIB, Load, MetricLoad, ceiling
+from keda_gpu_scaler.app.simulation.load import TOTAL_MIB, Load, MetricLoad, bound
 from keda_gpu_scaler.domain.catalog import CATALOG, MetricType
 from keda_gpu_scaler.domain.engines import READING_TYPES, Discovery, EngineSample, EngineTarget
 from keda_gpu_scaler.domain.errors import SourceUnavailable
@@ -44,6 +44,9 @@ _SUMMED_UNITS = frozenset({"requests", "requests/s", "preemptions/s"})
 """Engine metrics that ``endpointDiscovery: dns`` sums over pods (the others: the highest)."""
 HELD_WITHOUT_REPLICAS = frozenset({MetricType.LLMD_QUEUE_SIZE})
 """Queues in front of the workload that exist at 0 replicas: a router's."""
+FRONT_QUEUES = frozenset({MetricType.LLMD_QUEUE_SIZE, MetricType.DYNAMO_QUEUED_REQUESTS})
+"""Queues of one process in front of the replicas (a router, a frontend): a backlog waits
+there whole, replicas or not."""
 NO_REPLICA = "no replica runs: no engine to scrape"
 _GPU_FIELDS: dict[MetricType, Callable[[float], dict[str, Any]]] = {
     MetricType.GPU_UTILIZATION: lambda v: {"gpu_utilization": v},
@@ -81,13 +84,13 @@ class Feed(Protocol):
 
 
 def _clip(metric_type: MetricType, value: float) -> float:
-    most = ceiling(metric_type)
+    most = bound(metric_type)
     return value if most is None else min(most, value)
 
 
 def gpu_share(metric: MetricLoad, t: float, gpu: int, replicas: int) -> float | None:
     """What one GPU reads: the series, or with ``demand`` one replica's share of it (0 with
-    no replica, a percentage at most 100)."""
+    no replica), at most the metric's bound: a saturated replica reads the bound."""
     value = metric.raw(t, gpu)
     if value is None or not metric.demand:
         return value
@@ -98,7 +101,10 @@ def engine_share(metric: MetricLoad, t: float, replicas: int, discovery: Discove
     """What an engine trigger reads: with ``demand`` one replica's share, and nothing at 0
     replicas (no engine runs to be scraped); ``dns`` discovery sums counts over the replicas'
     pods. A router's queue (``llmd_queue_size``) holds the whole demand while no replica runs
-    and nothing once one does: the pool takes the requests."""
+    and nothing once one does: the pool takes the requests. A backlog is shared the same way,
+    except in a router's or a frontend's queue, which holds all of it."""
+    if metric.backlog is not None:
+        return _backlog_share(metric, t, replicas, discovery)
     value = metric.raw(t)
     if value is None or not metric.demand:
         return value
@@ -109,6 +115,18 @@ def engine_share(metric: MetricLoad, t: float, replicas: int, discovery: Discove
     summed = discovery is Discovery.DNS and CATALOG[metric.metric_type].unit in _SUMMED_UNITS
     share = value if summed else value / replicas
     return _clip(metric.metric_type, share)
+
+
+def _backlog_share(
+    metric: MetricLoad, t: float, replicas: int, discovery: Discovery
+) -> float | None:
+    assert metric.backlog is not None
+    waiting = metric.backlog.waiting(t, replicas)
+    if waiting is None or metric.metric_type in FRONT_QUEUES:
+        return waiting
+    if replicas == 0:
+        return None
+    return waiting if discovery is Discovery.DNS else waiting / replicas
 
 
 class LoadFeed:
@@ -178,7 +196,7 @@ class LoadFeed:
             value = engine_share(metric, at, replicas, target.discovery)
             fields[info.engine_field] = None if value is None else value / info.scale
             if value is None:
-                no_replica = replicas == 0 and metric.raw(at) is not None
+                no_replica = replicas == 0 and _has_demand(metric, at)
                 reasons[info.engine_field] = (
                     NO_REPLICA if no_replica else "no reading at this time in the load"
                 )
@@ -191,6 +209,12 @@ class LoadFeed:
             period_s=ENGINE_PERIOD_S,
             reading=reading,
         )
+
+
+def _has_demand(metric: MetricLoad, at: float) -> bool:
+    if metric.backlog is not None:
+        return metric.backlog.waiting(at, 0) is not None
+    return metric.raw(at) is not None
 
 
 class TraceFeed:

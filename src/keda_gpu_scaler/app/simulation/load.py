@@ -13,7 +13,9 @@ metrics:
 
 ``{at, value}`` holds from ``at`` on (``null``: no reading); ``{at, ramp: {to, over}}`` goes
 linearly from the value in effect to ``to`` over ``over`` seconds, then holds. ``gpus: [{steps:
-[...]}, ...]`` gives one series per GPU instead of ``steps``. Anything else is refused.
+[...]}, ...]`` gives one series per GPU instead of ``steps``. A queue metric may instead read
+the backlog of a bounded demand (``backlog: gpu_utilization``, ``perRequest: 10``): what the
+replicas cannot serve. Anything else is refused.
 """
 
 from __future__ import annotations
@@ -28,11 +30,21 @@ from typing import Annotated
 import msgspec
 
 from keda_gpu_scaler.app.simulation.inputs import BadInput, convert, read_yaml
-from keda_gpu_scaler.domain.catalog import CATALOG, MetricType, Origin
+from keda_gpu_scaler.domain.catalog import (
+    CATALOG,
+    QUEUES,
+    Bound,
+    DeviceLimits,
+    MetricType,
+    Origin,
+)
 
 MAX_DURATION_S = 86_400.0
 TOTAL_MIB = 100_000
 """The memory of a simulated GPU: 100 000 MiB, so that a percentage is whole MiB."""
+POWER_LIMIT_W = 700.0
+"""The power limit of a simulated GPU (an H100 or H200 SXM board's)."""
+SIMULATED_DEVICE = DeviceLimits(memory_mib=float(TOTAL_MIB), power_limit_w=POWER_LIMIT_W)
 
 
 class _Ramp(msgspec.Struct, forbid_unknown_fields=True):
@@ -50,10 +62,12 @@ class _GpuSeries(msgspec.Struct, forbid_unknown_fields=True):
     steps: list[_Step]
 
 
-class _Metric(msgspec.Struct, forbid_unknown_fields=True):
+class _Metric(msgspec.Struct, forbid_unknown_fields=True, rename="camel"):
     demand: bool = False
     steps: list[_Step] | None = None
     gpus: list[_GpuSeries] | None = None
+    backlog: str | None = None
+    per_request: float | None = None
 
 
 class _Load(msgspec.Struct, forbid_unknown_fields=True, rename="camel"):
@@ -94,10 +108,35 @@ class MetricLoad:
     metric_type: MetricType
     demand: bool
     series: tuple[Series, ...]
-    """One per GPU, or one for every GPU (and for an engine metric)."""
+    """One per GPU, or one for every GPU (and for an engine metric); none for a backlog."""
+    backlog: Backlog | None = None
+    """A queue that reads what another metric's demand leaves waiting."""
 
     def raw(self, t: float, gpu: int = 0) -> float | None:
         return self.series[gpu if len(self.series) > 1 else 0].value(t)
+
+
+@dataclass(frozen=True, slots=True)
+class Backlog:
+    """The demand of ``source`` that its replicas cannot serve, as requests waiting: on each
+    of ``devices`` devices, what is above the bound times the replica count, over
+    ``per_request`` (the demand one waiting request stands for)."""
+
+    source: MetricLoad
+    devices: int
+    per_request: float
+
+    def waiting(self, t: float, replicas: int) -> float | None:
+        """Requests waiting at ``t`` with ``replicas`` replicas (None: no reading)."""
+        most = bound(self.source.metric_type)
+        assert most is not None  # checked when the load was read
+        queued = 0.0
+        for device in range(self.devices):
+            demand = self.source.raw(t, device)
+            if demand is None:
+                return None
+            queued += max(0.0, demand - most * replicas)
+        return queued / self.per_request
 
 
 @dataclass(frozen=True, slots=True)
@@ -108,13 +147,10 @@ class Load:
     metrics: dict[MetricType, MetricLoad]
 
 
-def ceiling(metric_type: MetricType) -> float | None:
-    """The most a reading of the metric can be: 100 for a percentage, the GPU's memory."""
-    if CATALOG[metric_type].unit == "percent":
-        return 100.0
-    if metric_type is MetricType.MEMORY_USED_MIB:
-        return float(TOTAL_MIB)
-    return None
+def bound(metric_type: MetricType) -> float | None:
+    """The most one simulated device reads of the metric (the catalog's bound): 100 for a
+    percentage, the GPU's memory, its power limit; None for counts and queues."""
+    return CATALOG[metric_type].limit(SIMULATED_DEVICE)
 
 
 def read_load(path: Path) -> Load:
@@ -127,10 +163,16 @@ def load_of(raw: _Load, *, origin: str) -> Load:
         raise BadInput(f"{origin}: duration {raw.duration:g}: must be above 0 and at most 86400 s")
     if not raw.metrics:
         raise BadInput(f"{origin}: metrics: give at least one metric type")
-    metrics = {}
+    metrics: dict[MetricType, MetricLoad] = {}
+    queues = {}
     for name, metric in raw.metrics.items():
         kind = _metric_type(name, f"{origin}: metrics")
+        if metric.backlog is not None:
+            queues[kind] = metric
+            continue
         metrics[kind] = _metric(kind, metric, raw, f"{origin}: metrics.{name}")
+    for kind, metric in queues.items():
+        metrics[kind] = _backlog(kind, metric, metrics, raw, f"{origin}: metrics.{kind}")
     if {MetricType.MEMORY_USED_MIB, MetricType.MEMORY_USED_PERCENT} <= set(metrics):
         raise BadInput(
             f"{origin}: metrics: memory_used_mib and memory_used_percent both set the memory "
@@ -148,7 +190,38 @@ def _metric_type(name: str, where: str) -> MetricType:
         raise BadInput(f"{where}: {name!r} is not a metricType of this scaler{hint}") from None
 
 
+def _backlog(
+    kind: MetricType,
+    raw: _Metric,
+    metrics: dict[MetricType, MetricLoad],
+    load: _Load,
+    where: str,
+) -> MetricLoad:
+    assert raw.backlog is not None
+    if raw.steps is not None or raw.gpus is not None or raw.demand:
+        raise BadInput(f"{where}: a backlog reads another metric; give no steps, gpus or demand")
+    if kind not in QUEUES:
+        queues = ", ".join(sorted(QUEUES))
+        raise BadInput(f"{where}.backlog: {kind} counts no waiting requests (queues: {queues})")
+    source_type = _metric_type(raw.backlog, f"{where}.backlog")
+    source = metrics.get(source_type)
+    if source is None:
+        raise BadInput(f"{where}.backlog: {source_type} is not a metric of this load")
+    if not source.demand or CATALOG[source_type].bound is Bound.NONE:
+        raise BadInput(
+            f"{where}.backlog: {source_type} must be a demand (demand: true) with a bound per "
+            "device (a percentage, memory_used_mib or power_draw)"
+        )
+    per_request = 1.0 if raw.per_request is None else raw.per_request
+    if not 0 < per_request < math.inf:
+        raise BadInput(f"{where}.perRequest: {per_request:g} must be a positive number")
+    devices = load.gpus if CATALOG[source_type].origin is Origin.GPU else 1
+    return MetricLoad(kind, False, (), Backlog(source, devices, per_request))
+
+
 def _metric(kind: MetricType, raw: _Metric, load: _Load, where: str) -> MetricLoad:
+    if raw.per_request is not None:
+        raise BadInput(f"{where}.perRequest: only a backlog (backlog: METRIC) has one")
     if (raw.steps is None) == (raw.gpus is None):
         raise BadInput(f"{where}: give either steps or gpus (one series per GPU)")
     if raw.gpus is not None:
@@ -206,7 +279,7 @@ def _check_at(at: float, pieces: list[Piece], duration: float, here: str) -> Non
 def _check_value(kind: MetricType, value: float, demand: bool, here: str) -> None:
     if not 0 <= value < math.inf:
         raise BadInput(f"{here}: {value:g} must be a finite number, 0 or more")
-    most = ceiling(kind)
+    most = bound(kind)
     if not demand and most is not None and value > most:
         unit = CATALOG[kind].unit
         raise BadInput(
