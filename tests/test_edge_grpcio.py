@@ -142,16 +142,3 @@ async def test_stream_with_bad_metadata_fails_at_once(
         await anyio.to_thread.run_sync(first_message)
     assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert 'pollIntervalSeconds "0"' in caught.value.details()
-
-
-async def test_stream_metric_spec_is_unimplemented(
-    scaler: RunningScaler, grpcio_modules: GrpcioModules
-) -> None:
-    def first_message() -> Any:
-        with grpc.insecure_channel(f"127.0.0.1:{scaler.port}") as channel:
-            stub = grpcio_modules.pb2_grpc.ExternalScalerStub(channel)
-            return next(iter(stub.StreamMetricSpec(ref(grpcio_modules, {}), timeout=5)))
-
-    with pytest.raises(grpc.RpcError) as caught:
-        await anyio.to_thread.run_sync(first_message)
-    assert caught.value.code() == grpc.StatusCode.UNIMPLEMENTED

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
+from typing import TypeVar
 
 import anyio
 import pytest
@@ -14,13 +15,14 @@ from keda_gpu_scaler.app.compose import RunningScaler, open_scaler
 from keda_gpu_scaler.serving._proto.externalscaler import (
     ExternalScalerStub,
     GetMetricsRequest,
-    IsActiveResponse,
     ScaledObjectRef,
 )
 from keda_gpu_scaler.sources.fake import FakeGpuSource
 from tests.metadata_cases import BAD_METADATA
 
 pytestmark = pytest.mark.anyio
+
+_M = TypeVar("_M")
 
 
 async def test_get_metrics_over_a_real_socket(scaler: RunningScaler) -> None:
@@ -56,6 +58,7 @@ async def test_bad_metadata_is_invalid_argument_on_every_rpc(
             stub.get_metrics(GetMetricsRequest(scaled_object_ref=bad, metric_name="m")),
             stub.is_active(bad),
             _first(stub.stream_is_active(bad)),
+            _first(stub.stream_metric_spec(bad)),
         )
         for call in calls:
             with pytest.raises(GRPCError) as caught:
@@ -65,7 +68,7 @@ async def test_bad_metadata_is_invalid_argument_on_every_rpc(
         assert (await stub.is_active(ScaledObjectRef(scaler_metadata={}))).result is True
 
 
-async def _first(stream: AsyncIterator[IsActiveResponse]) -> IsActiveResponse:
+async def _first(stream: AsyncIterator[_M]) -> _M:
     async for message in stream:
         return message
     raise AssertionError("the stream ended without a message")
@@ -90,15 +93,6 @@ async def test_get_metrics_answers_with_the_requested_name(scaler: RunningScaler
                 GetMetricsRequest(scaled_object_ref=ref, metric_name=asked)
             )
             assert [v.metric_name for v in response.metric_values] == [asked or "gpu-busy"]
-
-
-async def test_stream_metric_spec_is_unimplemented(scaler: RunningScaler) -> None:
-    async with Channel("127.0.0.1", scaler.port) as channel:
-        stub = ExternalScalerStub(channel)
-        with pytest.raises(GRPCError) as caught:
-            async for _ in stub.stream_metric_spec(ScaledObjectRef()):
-                pass
-        assert caught.value.status is Status.UNIMPLEMENTED
 
 
 async def test_unavailable_before_any_reading_after_a_bounded_wait(

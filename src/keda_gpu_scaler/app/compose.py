@@ -357,6 +357,7 @@ async def open_scaler(
         metrics.read_live(
             lambda: hub.current,
             lambda: streams.open_streams,
+            spec_streams=lambda: streams.held_streams,
             agent_streams=None if node_agent is None else (lambda: node_agent.open_streams),
             pod_attribution=None
             if cluster

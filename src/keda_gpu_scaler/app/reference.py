@@ -89,6 +89,58 @@ def _average_value() -> list[str]:
     ]
 
 
+_PUSH_EXAMPLE = """\
+```yaml
+apiVersion: keda.sh/v1alpha1
+kind: ScaledObject
+metadata:
+  name: llm-server
+spec:
+  scaleTargetRef:
+    name: llm-server
+  minReplicaCount: 0
+  maxReplicaCount: 8
+  pollingInterval: 30            # deactivation and the HPA's metrics still come from polls
+  cooldownPeriod: 300
+  triggers:
+    - type: external-push        # StreamIsActive (and StreamMetricSpec, KEDA 2.21) beside the polls
+      metricType: Value
+      metadata:
+        scalerAddress: keda-gpu-scaler.keda.svc.cluster.local:6000
+        metricType: gpu_utilization
+        targetValue: "70"
+        activationThreshold: "10"
+        pollIntervalSeconds: "5" # StreamIsActive's heartbeat while active
+```"""
+
+
+def _external_push() -> list[str]:
+    return [
+        "## `external-push` triggers",
+        "",
+        "`type: external-push` takes the same metadata as `type: external` and gets everything "
+        "KEDA does for it (`GetMetricSpec`, `GetMetrics` and `IsActive` on every poll and HPA "
+        "sync), plus two streams that KEDA holds open on its one connection to the scaler:",
+        "",
+        "- `StreamIsActive`: the trigger's activity at once on open, on every change (judged on "
+        "each new reading, so a workload at zero is activated within a sample period instead "
+        "of at the next poll) and every `pollIntervalSeconds` while it lasts (each `true` "
+        "postpones KEDA's `cooldownPeriod`). KEDA ignores `false`: deactivation comes from polls.",
+        "- `StreamMetricSpec` (KEDA 2.21 and later): the metric spec, at once on open, exactly "
+        "what `GetMetricSpec` answers. KEDA then caches it and stops asking `GetMetricSpec` for "
+        "the trigger. A spec depends on the metadata alone, so nothing follows the first "
+        "message: no heartbeat, since KEDA reconciles the ScaledObject and its HPA on every "
+        "message. The stream stays open until KEDA cancels it (an update of the ScaledObject) "
+        "or the scaler stops.",
+        "",
+        "Bad metadata fails both streams with `INVALID_ARGUMENT` before any message. On "
+        "shutdown (SIGTERM) every stream ends with status OK, and KEDA opens it again, on "
+        "another scaler pod, 2 s later.",
+        "",
+        _PUSH_EXAMPLE,
+    ]
+
+
 def _flags() -> list[str]:
     rows = [
         (f"`{f.name}`", f"`{f.variable}`", f"`{f.default}`" if f.default else "unset", f.help)
@@ -131,6 +183,8 @@ def render_configuration() -> str:
         *_profiles(),
         "",
         *_average_value(),
+        "",
+        *_external_push(),
         "",
         "## `keda-gpu-scaler serve` flags",
         "",

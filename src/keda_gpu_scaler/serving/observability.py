@@ -113,14 +113,17 @@ class SelfMetrics:
         snapshot: Callable[[], Snapshot],
         open_streams: Callable[[], int],
         *,
+        spec_streams: Callable[[], int] | None = None,
         agent_streams: Callable[[], int] | None = None,
         pod_attribution: bool | None = None,
     ) -> None:
         """Serve the live series from these views (called once, by the composition root);
-        ``agent_streams`` counts open NodeAgent.WatchNode streams, where they are served;
-        ``pod_attribution`` says whether a node agent reads the kubelet's PodResources socket
-        (None on a cluster scaler, whose attribution comes from the agents)."""
+        ``spec_streams`` counts open StreamMetricSpec streams, ``agent_streams`` open
+        NodeAgent.WatchNode streams, where they are served; ``pod_attribution`` says whether a
+        node agent reads the kubelet's PodResources socket (None on a cluster scaler, whose
+        attribution comes from the agents)."""
         collector = _LiveCollector(snapshot, open_streams, self.decisions, self._tap)
+        collector.spec_streams = spec_streams
         collector.agent_streams = agent_streams
         self.registry.register(collector)
         if pod_attribution is not None:
@@ -203,6 +206,7 @@ class _LiveCollector(Collector):
         self._open_streams = open_streams
         self._decisions = decisions
         self._tap = tap
+        self.spec_streams: Callable[[], int] | None = None
         self.agent_streams: Callable[[], int] | None = None
 
     def describe(self) -> list[Metric]:
@@ -220,6 +224,12 @@ class _LiveCollector(Collector):
         streams = GaugeMetricFamily(f"{PREFIX}_open_streams", "open StreamIsActive streams")
         streams.add_metric([], self._open_streams())
         yield streams
+        if self.spec_streams is not None:
+            yield GaugeMetricFamily(
+                f"{PREFIX}_open_metric_spec_streams",
+                "open StreamMetricSpec streams",
+                value=self.spec_streams(),
+            )
         if self.agent_streams is not None:
             yield GaugeMetricFamily(
                 f"{PREFIX}_agent_streams",

@@ -57,7 +57,7 @@ class ScalerServer:
         if not self._started:
             return
         self._started = False
-        streams_were_open = self._streams.open_streams > 0
+        streams_were_open = self._streams.open_streams + self._streams.held_streams > 0
         self._streams.begin_shutdown()
         with anyio.move_on_after(grace_s):
             await self._streams.wait_streams_ended()

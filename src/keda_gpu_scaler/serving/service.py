@@ -75,11 +75,15 @@ class ExternalScalerService(ExternalScalerBase):
             check_cluster_trigger(spec)
         return TriggerKey(ref.namespace, ref.name, spec)
 
+    def _metric_specs(self, ref: ScaledObjectRef) -> GetMetricSpecResponse:
+        # Depends on metadata alone, so KEDA's fallback keeps working while GPUs fail, and
+        # what StreamMetricSpec sends is what GetMetricSpec answers, always.
+        spec = self._key(ref).spec
+        return GetMetricSpecResponse(metric_specs=[metric_spec(spec)])
+
     @unary("GetMetricSpec")
     async def get_metric_spec(self, message: ScaledObjectRef) -> GetMetricSpecResponse:
-        # Depends on metadata alone, so KEDA's fallback keeps working while GPUs fail.
-        spec = self._key(message).spec
-        return GetMetricSpecResponse(metric_specs=[metric_spec(spec)])
+        return self._metric_specs(message)
 
     @unary("GetMetrics")
     async def get_metrics(self, message: GetMetricsRequest) -> GetMetricsResponse:
@@ -106,3 +110,15 @@ class ExternalScalerService(ExternalScalerBase):
         await self._decider.snapshot_for(key.spec)  # a first sample, if there is none yet
         async for active in self._streams.stream(key):
             yield IsActiveResponse(result=active)
+
+    @streaming("StreamMetricSpec")
+    async def stream_metric_spec(
+        self, message: ScaledObjectRef
+    ) -> AsyncIterator[GetMetricSpecResponse]:
+        """KEDA 2.21 opens it beside StreamIsActive for ``external-push`` triggers: the specs
+        at once (bad metadata fails the stream before any message), then nothing until they
+        change, which they never do (they depend on the metadata alone); no heartbeat, since
+        every message makes KEDA reconcile the ScaledObject and its HPA. The stream stays open
+        until KEDA cancels it, and ends with OK when the server shuts down."""
+        yield self._metric_specs(message)
+        await self._streams.hold()

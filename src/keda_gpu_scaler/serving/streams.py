@@ -21,6 +21,11 @@ Opening a stream costs one judgement against the shared measurement. The driver 
 most ``JUDGE_AT_ONCE`` streams per turn of the event loop (new ones, due ones, those whose
 spec changed), so a burst of opens, or a thousand heartbeats falling due together, never
 starves the loop. On shutdown every stream ends with status OK.
+
+StreamMetricSpec streams are held here too (:meth:`StreamRegistry.hold`): their one message
+(a trigger's metric spec depends on its metadata alone, so it never changes while the stream
+is open) is sent by the handler at once, and the stream then stays open, counted, until KEDA
+cancels it or the server shuts down, when it ends with OK like every StreamIsActive stream.
 """
 
 from __future__ import annotations
@@ -187,11 +192,33 @@ class StreamRegistry:
         self._running = False
         self._closing = False
         self._open = 0
+        self._held = 0
         self._ended = anyio.Event()
+        self._shutdown = anyio.Event()
 
     @property
     def open_streams(self) -> int:
+        """Open StreamIsActive streams."""
         return self._open
+
+    @property
+    def held_streams(self) -> int:
+        """Open streams that wait for shutdown (StreamMetricSpec)."""
+        return self._held
+
+    async def hold(self) -> None:
+        """Wait until shutdown begins: a stream with nothing more to send stays open, counted,
+        until the server stops (then it ends with OK) or the client cancels it."""
+        if not self._running:
+            raise RuntimeError("StreamRegistry.run() has not started")
+        if self._closing:
+            return
+        self._held += 1
+        try:
+            await self._shutdown.wait()
+        finally:
+            self._held -= 1
+            self._note_ended()
 
     # -- the streams ------------------------------------------------------------------
 
@@ -249,7 +276,10 @@ class StreamRegistry:
             if not group.streams:
                 del self._groups[stream.key.spec]
         stream.wake_at = _CLOSED  # its timer, if any, is dropped when it comes up
-        if self._closing and not self._open:
+        self._note_ended()
+
+    def _note_ended(self) -> None:
+        if self._closing and not self._open and not self._held:
             self._ended.set()
 
     # -- the driver -------------------------------------------------------------------
@@ -371,8 +401,8 @@ class StreamRegistry:
     def begin_shutdown(self) -> None:
         """End every open stream with status OK (KEDA reconnects within 2 s)."""
         self._closing = True
-        if not self._open:
-            self._ended.set()
+        self._shutdown.set()
+        self._note_ended()
         for group in self._groups.values():
             for stream in group.streams:
                 stream.fail(_Closed())
@@ -382,6 +412,7 @@ class StreamRegistry:
         self._wake_driver()
 
     async def wait_streams_ended(self) -> None:
-        """After :meth:`begin_shutdown`, until every stream handler has returned."""
+        """After :meth:`begin_shutdown`, until every stream handler (held ones included) has
+        returned."""
         if self._closing:
             await self._ended.wait()

@@ -198,6 +198,21 @@ class ExternalScalerStub(betterproto2_grpclib.ServiceStub):
         deadline: "Deadline | None" = None,
         metadata: "MetadataLike | None" = None,
     ) -> "AsyncIterator[GetMetricSpecResponse]":
+        """
+        Optional. When implemented, the scaler pushes updated metric specs
+        whenever HPA target values change. KEDA updates the cached specs and
+        syncs the HPA accordingly. If unimplemented (returns Unimplemented),
+        KEDA silently falls back to the existing pull-based behavior.
+
+        Servers implementing this RPC must follow two rules:
+          1. Send the current metric specs immediately when the stream is
+             opened (like StreamIsActive), not only when values change.
+          2. Keep GetMetricSpec returning the same current values as the
+             latest streamed update. KEDA may rebuild its internal scaler
+             state (e.g. after a scaler error) and falls back to
+             GetMetricSpec until the next streamed update; if the two
+             diverge, HPA targets can temporarily revert to stale values.
+        """
 
         async for response in self._unary_stream(
             "/externalscaler.ExternalScaler/StreamMetricSpec",
@@ -233,6 +248,21 @@ class ExternalScalerBase(betterproto2_grpclib.ServiceBase):
     async def stream_metric_spec(
         self, message: "ScaledObjectRef"
     ) -> "AsyncIterator[GetMetricSpecResponse]":
+        """
+        Optional. When implemented, the scaler pushes updated metric specs
+        whenever HPA target values change. KEDA updates the cached specs and
+        syncs the HPA accordingly. If unimplemented (returns Unimplemented),
+        KEDA silently falls back to the existing pull-based behavior.
+
+        Servers implementing this RPC must follow two rules:
+          1. Send the current metric specs immediately when the stream is
+             opened (like StreamIsActive), not only when values change.
+          2. Keep GetMetricSpec returning the same current values as the
+             latest streamed update. KEDA may rebuild its internal scaler
+             state (e.g. after a scaler error) and falls back to
+             GetMetricSpec until the next streamed update; if the two
+             diverge, HPA targets can temporarily revert to stale values.
+        """
 
         raise grpclib.GRPCError(grpclib.const.Status.UNIMPLEMENTED)
         yield GetMetricSpecResponse()
