@@ -26,7 +26,7 @@ from keda_gpu_scaler.app.simulation.feeds import (
 from keda_gpu_scaler.app.simulation.inputs import BadInput
 from keda_gpu_scaler.app.simulation.load import read_load
 from keda_gpu_scaler.app.simulation.png import encode_png
-from keda_gpu_scaler.app.simulation.runner import HPA, KEDA
+from keda_gpu_scaler.app.simulation.runner import HPA, KEDA, PUSH
 from keda_gpu_scaler.domain.aggregation import Aggregation
 from keda_gpu_scaler.domain.catalog import CATALOG, MetricType, Origin
 from keda_gpu_scaler.domain.engines import Discovery
@@ -84,7 +84,7 @@ def steady(value: float | None, *, demand: bool = False) -> dict[str, Any]:
     return {"demand": demand, "steps": [{"at": 0, "value": value}]}
 
 
-def values(result: Simulation, by: str | None = None) -> list[tuple[int, float | None]]:
+def values(result: Simulation, by: str | None = None) -> list[tuple[float, float | None]]:
     return [(s.t, s.triggers[0].value) for s in result.steps if by is None or s.by == by]
 
 
@@ -344,6 +344,22 @@ def test_a_scaled_object_it_cannot_simulate_is_refused_naming_the_field(
     assert "\n" not in str(caught.value)
 
 
+def test_a_trigger_the_scaler_refuses_never_falls_back(tmp_path: Path) -> None:
+    """kedacore/keda v2.21.0 pkg/scaling/scale_handler.go getScalerState: a GetMetricSpec
+    error leaves the trigger without metric specs, and GetMetricsWithFallback
+    (pkg/fallback/fallback.go) is reached only for a spec: no fallback (kedacore/keda#8056,
+    open in 2.21). The simulator refuses such a trigger, and says why a fallback would not
+    help."""
+    so = _trigger(metadata={"targetValue": "0"})
+    so["spec"]["fallback"] = {"failureThreshold": 3, "replicas": 4}
+    with pytest.raises(BadInput) as caught:
+        run_simulation(put(tmp_path, "so.yaml", so), load=put(tmp_path, "l.yaml", load()))
+    text = str(caught.value)
+    assert 'invalid targetValue "0"' in text
+    assert "never falls back (kedacore/keda#8056)" in text
+    assert "\n" not in text
+
+
 def test_the_load_must_give_what_the_triggers_read(tmp_path: Path) -> None:
     with pytest.raises(
         BadInput,
@@ -511,9 +527,13 @@ def test_the_workloads_own_gpus_read_nothing_at_zero_replicas(tmp_path: Path) ->
 
 
 def test_failures_count_on_the_scale_loop_and_the_hpa_path(tmp_path: Path) -> None:
-    so = scaled_object(fallback={"failureThreshold": 2, "replicas": 6}, maxReplicaCount=10)
+    # minReplicaCount 0: the scale loop asks the scaler itself at every poll.
+    so = scaled_object(
+        fallback={"failureThreshold": 2, "replicas": 6}, maxReplicaCount=10, minReplicaCount=0
+    )
     so["spec"]["triggers"][0]["metricType"] = "AverageValue"
-    result = simulate(tmp_path, so, load(gpu_utilization=steady(None)))
+    ld = load(gpu_utilization=steady(None)) | {"initialReplicas": 1}
+    result = simulate(tmp_path, so, ld)
     failures = [int(m) for s in result.steps for m in re.findall(r"failure (\d+)", s.why)]
     # t=0 poll, t=0 sync, t=15 sync, t=30 poll, t=30 sync, t=45 sync: one count each.
     assert failures == [1, 2, 3, 4, 5, 6]
@@ -521,6 +541,63 @@ def test_failures_count_on_the_scale_loop_and_the_hpa_path(tmp_path: Path) -> No
     # older rule reaches in two syncs (max(2 × 1, 4) = 4, then 6); KEDA's poll keeps 4.
     assert [s.replicas for s in result.steps] == [1, 1, 4, 4, 6, 6]
     assert "fallback serves 300 for 6 replicas" in result.steps[2].why
+
+
+def test_keda_2_21_polls_reuse_what_the_hpa_observed_and_count_no_failure(
+    tmp_path: Path,
+) -> None:
+    """kedacore/keda v2.21.0 apis/keda/v1alpha1/scaledobject_types.go UsesHPAObservations
+    (minReplicaCount above 0, no idleReplicaCount, no useCachedMetrics) and
+    pkg/scaling/scale_handler.go getScalerState / hpaObservedRecord / hpaActivelyQuerying: a
+    poll takes each metric's record from the HPA path's last GetScaledObjectMetrics while the
+    HPA's ScalingActive condition is true, and so counts no failure of its own."""
+    so = scaled_object(fallback={"failureThreshold": 2, "replicas": 6}, maxReplicaCount=10)
+    so["spec"]["triggers"][0]["metricType"] = "AverageValue"
+    ld = load(90, gpu_utilization={"steps": [{"at": 0, "value": 20}, {"at": 20, "value": None}]})
+    result = simulate(tmp_path, so, ld)
+    at = {(s.t, s.by): s for s in result.steps}
+    # t=30: the poll reads the HPA's good record of t=15 (ScalingActive true) ...
+    assert at[30, KEDA].triggers[0].value == 20
+    assert "s0-gpu as the HPA read it at t=15" in at[30, KEDA].why
+    # ... so the failures are the HPA's: t=30 (1), t=45 (2); ScalingActive is then false and
+    # the poll of t=60 asks the scaler (3), the sync of t=60 (4) falls back: 6 × 50 = 300.
+    failures = [
+        (s.t, s.by, int(m)) for s in result.steps for m in re.findall(r"failure (\d+)", s.why)
+    ]
+    assert failures == [(30, HPA, 1), (45, HPA, 2), (60, KEDA, 3), (60, HPA, 4), (75, HPA, 5)]
+    # KEDA 2.20 counted on both paths and fell back at t=45; 2.21 does at t=60.
+    assert [(s.t, s.replicas) for s in result.steps if s.by == HPA] == [
+        (0, 1),
+        (15, 1),
+        (30, 1),
+        (45, 1),
+        (60, 4),
+        (75, 6),
+    ]
+
+
+def test_a_cached_fallback_reads_as_a_success_on_the_hpa_path(tmp_path: Path) -> None:
+    """kedacore/keda v2.21.0 pkg/scaling/scale_handler.go GetScaledObjectMetrics: a
+    useCachedMetrics record is the scale loop's, fallback applied, and observeMetric feeds it
+    to GetMetricsWithFallback as the raw outcome: a fallback value is no error there, and the
+    metric's failure count goes back to 0."""
+    so = scaled_object(fallback={"failureThreshold": 1, "replicas": 4}, maxReplicaCount=10)
+    trigger = so["spec"]["triggers"][0]
+    trigger |= {"metricType": "AverageValue", "useCachedMetrics": True}
+    result = simulate(tmp_path, so, load(120, gpu_utilization=steady(None)))
+    failures = [
+        (s.t, s.by, int(m)) for s in result.steps for m in re.findall(r"failure (\d+)", s.why)
+    ]
+    # t=0: poll 1, sync 2 (the cached error counts again, and falls back), 15: 3. t=30: poll
+    # 4, above 1: fallback, cached as such; the sync reads it as a success (count 0) and gets
+    # 4 × 50.
+    assert failures[:4] == [(0, KEDA, 1), (0, HPA, 2), (15, HPA, 3), (30, KEDA, 4)]
+    t30 = next(s for s in result.steps if (s.t, s.by) == (30, HPA))
+    assert "failure" not in t30.why
+    assert t30.replicas == 4
+    # The next poll starts counting from 0 again: 1, not above the threshold.
+    t60 = next(s for s in result.steps if (s.t, s.by) == (60, KEDA))
+    assert "failure 1," in t60.why
 
 
 def test_the_hpa_counts_no_failure_at_zero_replicas_and_a_fallback_activates(
@@ -579,7 +656,7 @@ def test_the_json_is_one_object_with_the_steps_exactly(tmp_path: Path) -> None:
         assert set(step) == {"t", "replicas", "desired", "active", "triggers", "why"}
         assert isinstance(step["t"], int) and isinstance(step["active"], bool)
         for trigger in step["triggers"]:
-            assert set(trigger) == {"metricName", "value", "target", "active"}
+            assert set(trigger) == {"metricName", "value", "target", "active", "fallback"}
     assert [(s["t"], s["why"].split(":")[0]) for s in doc["steps"]] == [
         (0, "KEDA poll"),
         (0, "HPA sync"),
@@ -588,7 +665,7 @@ def test_the_json_is_one_object_with_the_steps_exactly(tmp_path: Path) -> None:
         (30, "HPA sync"),
     ]
     assert doc["steps"][1]["triggers"] == [
-        {"metricName": "s0-gpu", "value": 60.0, "target": 50.0, "active": True}
+        {"metricName": "s0-gpu", "value": 60.0, "target": 50.0, "active": True, "fallback": False}
     ]
     # An error is null, never 0.
     broken = simulate(tmp_path, scaled_object(), load(15, gpu_utilization=steady(None)))
@@ -650,9 +727,10 @@ def test_the_png_is_valid(tmp_path: Path) -> None:
     width, height, depth, color, compression, filtering, interlace = struct.unpack(
         ">IIBBBBB", chunks[0][1]
     )
+    # Drawn at twice the figure's 960 × 550 (one value panel, the replicas).
     assert (width, height, depth, color, compression, filtering, interlace) == (
-        960,
-        600,
+        1920,
+        1100,
         8,
         2,
         0,
@@ -759,9 +837,15 @@ def _blocks() -> list[tuple[list[str], str]]:
     return [(shlex.split(m["args"]), m["out"]) for m in _BLOCK.finditer(DOC.read_text())]
 
 
-def test_the_doc_shows_the_three_examples() -> None:
+def test_the_doc_shows_the_five_examples() -> None:
     shown = {Path(args[0]).name for args, _ in _blocks()}
-    assert shown == {"h200-scaledobject.yaml", "ramp-scaledobject.yaml", "queue-scaledobject.yaml"}
+    assert shown == {
+        "h200-scaledobject.yaml",
+        "ramp-scaledobject.yaml",
+        "queue-scaledobject.yaml",
+        "saturation-utilization-scaledobject.yaml",
+        "saturation-queue-scaledobject.yaml",
+    }
 
 
 @pytest.mark.parametrize(("args", "shown"), _blocks(), ids=lambda a: str(a[0]) if a else "")
@@ -811,7 +895,7 @@ def test_a_windowed_trigger_reads_its_window(tmp_path: Path) -> None:
     # 90 until t=20, then 10: the 30 s max window still holds 90 until it slides past.
     spike = {"demand": False, "steps": [{"at": 0, "value": 90}, {"at": 20, "value": 10}]}
     result = simulate(tmp_path, so, load(120, gpu_utilization=spike))
-    seen = dict(values(result, by="KEDA"))
+    seen = dict(values(result, by="HPA"))
     assert seen[0] is None  # the window is not covered yet: no reading, never a guess
     assert seen[30] == 90.0  # readings from 1 to 30 s: max 90
     assert seen[60] == 10.0  # the spike has left the window
@@ -874,3 +958,84 @@ def test_simulate_takes_name_on_the_command_line(
     both = _documents(tmp_path / "both.yaml", _scaled_object("a"), _scaled_object("b"))
     assert cli.main(["simulate", str(both), "--trace", "bundled", "--name", "a"]) == 0
     assert capsys.readouterr().out.startswith("ScaledObject ml/a:")
+
+
+# -- external-push: StreamIsActive ------------------------------------------------------------
+
+
+def _push(**spec: Any) -> dict[str, Any]:
+    so = _trigger(type="external-push", metadata={"activationThreshold": "10"})
+    so["spec"] |= {"minReplicaCount": 0, **spec}
+    return so
+
+
+def test_a_push_trigger_activates_on_the_reading_not_at_the_next_poll(tmp_path: Path) -> None:
+    """kedacore/keda v2.21.0 pkg/scaling/scale_handler.go startPushScalers: a true from
+    StreamIsActive is RequestScale(active, no error) at once; the scaler's stream sends on
+    the reading that changes the activity (serving/streams.py)."""
+    busy = {"steps": [{"at": 0, "value": 0}, {"at": 7, "value": 80}]}
+    ld = load(60, gpu_utilization=busy) | {"initialReplicas": 0}
+    pushed = simulate(tmp_path, _push(), ld)
+    first = next(s for s in pushed.steps if s.replicas > 0)
+    assert (first.t, first.by, first.replicas) == (7, PUSH, 1)
+    assert first.why == "s0-gpu StreamIsActive true; active: activation 0 -> 1"
+    # The HPA's sync of t=15 then finds a replica (80 / 50 × 1 → 2); polled only, the poll of
+    # t=30 would have been first.
+    assert next(s for s in pushed.steps if (s.t, s.by) == (15, HPA)).replicas == 2
+    polled_so = _trigger(metadata={"activationThreshold": "10"})
+    polled_so["spec"]["minReplicaCount"] = 0
+    polled = simulate(tmp_path, polled_so, ld)
+    assert next(s for s in polled.steps if s.replicas > 0).t == 30
+
+
+def test_push_heartbeats_postpone_the_cooldown(tmp_path: Path) -> None:
+    """Each true (every pollIntervalSeconds while active) sets lastActiveTime
+    (scale_scaledobjects.go RequestScale), so cooldownPeriod runs from the last heartbeat."""
+    busy = {"steps": [{"at": 0, "value": 80}, {"at": 48, "value": 0}]}
+    ld = load(120, gpu_utilization=busy) | {"initialReplicas": 0}
+    spec = {"pollingInterval": 10, "cooldownPeriod": 25}
+    pushed = _push(**spec)
+    pushed["spec"]["triggers"][0]["metadata"]["pollIntervalSeconds"] = "5"
+    polled = _trigger(metadata={"activationThreshold": "10"})
+    polled["spec"] |= {"minReplicaCount": 0, **spec}
+
+    def scaled_in(so: dict[str, Any]) -> float:
+        result = simulate(tmp_path, so, ld)
+        return next(s.t for s in result.steps if s.t > 0 and s.replicas == 0)
+
+    # Polled: last active at the poll of t=40, in after t=65: t=70. Pushed: the heartbeat of
+    # t=45 was the last true, in after t=70: t=80.
+    assert (scaled_in(polled), scaled_in(pushed)) == (70, 80)
+
+
+def test_the_scaled_object_created_later_starts_both_grids_then(tmp_path: Path) -> None:
+    """The scale loop polls at once when it starts (pkg/scaling/scale_handler.go
+    startScaleLoop) and the HPA controller syncs an HPA when it is added, then every 15 s:
+    both grids start at the ScaledObject's creation."""
+    busy = {"steps": [{"at": 0, "value": 0}, {"at": 30, "value": 80}]}
+    ld = load(70, gpu_utilization=busy) | {"initialReplicas": 0}
+    so = _trigger(metadata={"activationThreshold": "10"})
+    so["spec"] |= {"minReplicaCount": 0, "pollingInterval": 5}
+    late = run_simulation(
+        put(tmp_path, "so.yaml", so), load=put(tmp_path, "l.yaml", ld), created_at=0.3
+    )
+    assert [(s.t, s.by) for s in late.steps[:3]] == [(0.3, KEDA), (0.3, HPA), (5.3, KEDA)]
+    # The reading of t=30 activates at the poll of t=30.3, before the sync of that instant.
+    first = next(s for s in late.steps if s.replicas > 0)
+    assert (first.t, first.by) == (30.3, KEDA)
+    assert next(s for s in late.steps if (s.t, s.by) == (30.3, HPA)).replicas == 2
+    doc = json.loads(late.json())
+    assert [s["t"] for s in doc["steps"][:3]] == [0.3, 0.3, 5.3]
+    assert "ScaledObject created at t=0.3" in late.table()
+
+
+@pytest.mark.parametrize(
+    ("value", "message"),
+    [("soon", "--created-at 'soon': give a number of seconds"), ("70", "before the end (70 s)")],
+)
+def test_a_bad_creation_time_is_refused(tmp_path: Path, value: str, message: str) -> None:
+    so = put(tmp_path, "so.yaml", scaled_object())
+    ld = put(tmp_path, "l.yaml", load(70, gpu_utilization=steady(10)))
+    with pytest.raises(BadInput) as caught:
+        run_simulate(so, load=ld, created_at=value, out=io.StringIO())
+    assert message in str(caught.value)

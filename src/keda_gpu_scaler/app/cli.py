@@ -118,6 +118,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     simulate.add_argument("--format", default="table", help="table (default) or json")
     simulate.add_argument("--plot", type=Path, metavar="OUT.png|OUT.svg", help="also draw it")
+    simulate.add_argument(
+        "--created-at",
+        default="0",
+        metavar="SECONDS",
+        help="when the ScaledObject is created, in seconds into the trace or load: KEDA's first "
+        "poll and the HPA's first sync (default 0)",
+    )
     simulate.add_argument("--log-level", type=gocli.log_level, default="warning")
     return parser
 
@@ -149,6 +156,7 @@ def _run(args: argparse.Namespace) -> int:
             output_format=args.format,
             plot=args.plot,
             name=args.name,
+            created_at=args.created_at,
         )
     if args.cluster:
         from keda_gpu_scaler.app.demo_cluster import run_cluster_demo

@@ -9,12 +9,13 @@ models of ``domain.kedaloop`` and ``domain.hpa``, and the outputs (``report``, `
 
 from __future__ import annotations
 
+import math
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TextIO
 
-from keda_gpu_scaler.app.simulation.chart import Figure, chart
+from keda_gpu_scaler.app.simulation.chart import Figure, Series, chart
 from keda_gpu_scaler.app.simulation.feeds import BUNDLED, Feed, LoadFeed, TraceFeed, read_trace
 from keda_gpu_scaler.app.simulation.inputs import BadInput
 from keda_gpu_scaler.app.simulation.load import Load, read_load
@@ -47,9 +48,9 @@ class Simulation:
         return to_json(self.warnings, self.steps)
 
     def figure(self) -> Figure:
-        names = [t.hpa_name for t in self.plan.triggers]
+        series = [Series(t.hpa_name, CATALOG[t.spec.metric_type].unit) for t in self.plan.triggers]
         title = f"ScaledObject {self.plan.namespace}/{self.plan.name}: {self.source}"
-        return chart(title, names, self.steps, self.duration)
+        return chart(title, series, self.steps, self.duration)
 
 
 def run_simulation(
@@ -58,9 +59,11 @@ def run_simulation(
     trace: str | None = None,
     load: Path | None = None,
     name: str | None = None,
+    created_at: float = 0.0,
 ) -> Simulation:
     """Simulate ``scaled_object`` (the ScaledObject named ``name`` when the file has several)
-    over ``trace`` (a file, or ``bundled``) or ``load``."""
+    over ``trace`` (a file, or ``bundled``) or ``load``, the ScaledObject created
+    ``created_at`` seconds in."""
     plan = read_scaled_object(scaled_object, name=name)
     feed: Feed
     if load is not None:
@@ -88,7 +91,14 @@ def run_simulation(
     for trigger in plan.triggers:
         demand.require(trigger.spec.metric_type, trigger.spec.window_s)
     feed.plan = demand.plan
-    steps = simulate(plan, feed, replicas)
+    if not 0 <= created_at < feed.duration:
+        raise BadInput(
+            f"--created-at {created_at:g}: must be at least 0 and before the end "
+            f"({num(feed.duration)} s)"
+        )
+    if created_at:
+        source += f", ScaledObject created at t={num(created_at)}"
+    steps = simulate(plan, feed, replicas, start=created_at)
     return Simulation(plan, source, feed.duration, warnings(plan, feed.gpus), tuple(steps))
 
 
@@ -142,13 +152,20 @@ def run_simulate(
     plot: Path | None = None,
     out: TextIO | None = None,
     name: str | None = None,
+    created_at: str = "0",
 ) -> int:
     """The command: the table or JSON on ``out`` (standard output), the picture to ``plot``."""
+    try:
+        start = float(created_at)
+    except ValueError:
+        raise BadInput(f"--created-at {created_at!r}: give a number of seconds") from None
+    if not math.isfinite(start):
+        raise BadInput(f"--created-at {created_at!r}: give a number of seconds")
     if output_format not in FORMATS:
         raise BadInput(f"--format {output_format!r}: must be one of {', '.join(FORMATS)}")
     if plot is not None and plot.suffix.lower() not in PLOT_SUFFIXES:
         raise BadInput(f"--plot {plot}: the name must end in .png or .svg")
-    result = run_simulation(scaled_object, trace=trace, load=load, name=name)
+    result = run_simulation(scaled_object, trace=trace, load=load, name=name, created_at=start)
     stream = sys.stdout if out is None else out
     stream.write(result.table() if output_format == "table" else result.json())
     stream.flush()

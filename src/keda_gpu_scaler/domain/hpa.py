@@ -255,6 +255,7 @@ def sync(
     if state.recommendations is None:
         state = replace(state, recommendations=((now, current),))
     if current == 0 and spec.min_replicas != 0:
+        state = replace(state, scaling_active=False)
         return SyncOutcome(state, current, current, 0, Rule.DISABLED)
     if current > spec.max_replicas:
         return _set(spec, state, current, spec.max_replicas, now, Rule.ABOVE_MAX)
@@ -265,7 +266,10 @@ def sync(
     desired = max(valid, default=0)
     invalid = len(proposals) - len(valid)
     if invalid >= len(proposals) or (invalid > 0 and desired < current):
+        # computeReplicasForMetrics sets ScalingActive false (FailedGetExternalMetric).
+        state = replace(state, scaling_active=False)
         return SyncOutcome(state, current, current, current, Rule.METRICS_FAILED, proposals)
+    state = replace(state, scaling_active=True)  # "ValidMetricFound"
     low, high = spec.min_replicas, spec.max_replicas
     if spec.behavior is None:
         state, stabilized = stabilize_legacy(state, desired, now)

@@ -109,6 +109,10 @@ class HpaState:
     scale_ups: tuple[TimedCount, ...] = ()
     """Replicas added by each rescale (only kept with ``behavior``)."""
     scale_downs: tuple[TimedCount, ...] = ()
+    scaling_active: bool | None = None
+    """The ``ScalingActive`` condition: true once a sync computed a count from its metrics,
+    false when they failed or scaling is disabled; None before any (KEDA 2.21's scale loop
+    reuses the HPA's observations only while it is true)."""
 
 
 class Limit(enum.StrEnum):

@@ -22,6 +22,16 @@ Follows kedacore/keda:
   metric is served as target × replicas (``AverageValue``) or target × replicas / ready
   replicas (``Value``, which needs a ready replica), replicas per ``fallback.behavior``,
   and the trigger counts as active.
+- KEDA 2.21 (``apis/keda/v1alpha1/scaledobject_types.go`` ``UsesHPAObservations``;
+  ``pkg/scaling/scale_handler.go`` ``getScalerState``, ``hpaObservedRecord``,
+  ``hpaActivelyQuerying``): when the scale loop cannot move the workload outside the HPA's
+  range (minReplicaCount above 0, no ``idleReplicaCount``, no ``useCachedMetrics``), a poll
+  reuses what the HPA path last observed of each metric (its value, activity and fallback)
+  instead of asking the scaler, as long as the HPA's ``ScalingActive`` condition is true;
+  failures are then counted on the HPA path only.
+- ``pkg/scaling/scale_handler.go`` ``startPushScalers``: a ``true`` from StreamIsActive is
+  ``RequestScale`` with the object active and no error: activation from 0, or
+  ``lastActiveTime`` = now. ``false`` is ignored.
 """
 
 from __future__ import annotations
@@ -42,14 +52,18 @@ HPA = "HPA"
 """A sync of the HPA controller."""
 
 
-def schedule(duration: float, polling_s: int) -> list[tuple[int, str]]:
-    """Every KEDA poll (from t = 0 every ``polling_s``) and HPA sync (t = 0, 15, 30 ...)
-    before ``duration``, KEDA first at the same instant."""
+def schedule(duration: float, polling_s: int, *, start: float = 0.0) -> list[tuple[float, str]]:
+    """Every KEDA poll (from ``start`` every ``polling_s``) and HPA sync (``start``, then every
+    15 s) before ``duration``, KEDA first at the same instant: the scale loop and the HPA both
+    start when the ScaledObject is created, at ``start``."""
     events = []
-    for t in range(math.ceil(duration)):
-        if t % polling_s == 0:
+    for k in range(math.ceil(max(0.0, duration - start))):
+        t = round(start + k, 6)
+        if t >= duration:
+            break
+        if k % polling_s == 0:
             events.append((t, KEDA))
-        if t % SYNC_PERIOD_S == 0:
+        if k % SYNC_PERIOD_S == 0:
             events.append((t, HPA))
     return events
 
@@ -94,6 +108,8 @@ class KedaSpec:
     initial_cooldown_s: int = 0
     idle_replicas: int | None = None
     fallback: Fallback | None = None
+    uses_cached_metrics: bool = False
+    """A trigger sets ``useCachedMetrics``."""
 
     @property
     def hpa_min_replicas(self) -> int:
@@ -108,6 +124,14 @@ class KedaSpec:
     @property
     def tracks_health(self) -> bool:
         return self.fallback is not None and self.fallback.is_valid()
+
+    @property
+    def uses_hpa_observations(self) -> bool:
+        """KEDA 2.21's ``UsesHPAObservations``: the scale loop cannot move the workload
+        outside the HPA's range (``IsPollingIntervalRelevant`` is false), so its polls reuse
+        what the HPA path observed."""
+        relevant = self.min_replicas == 0 or self.idle_replicas is not None
+        return not (relevant or self.uses_cached_metrics)
 
 
 @dataclass(frozen=True, slots=True)
@@ -256,6 +280,19 @@ def poll(
     """``RequestScale`` after one check of every trigger (``counted``, in trigger order)."""
     active = any(c.active for c in counted)
     error = any(c.error for c in counted)
+    return request_scale(spec, state, current, now, active=active, error=error)
+
+
+def push(spec: KedaSpec, state: KedaState, current: int, now: float) -> PollOutcome:
+    """A ``true`` from StreamIsActive: ``RequestScale`` with the object active and no error
+    (``startPushScalers``)."""
+    return request_scale(spec, state, current, now, active=True, error=False)
+
+
+def request_scale(
+    spec: KedaSpec, state: KedaState, current: int, now: float, *, active: bool, error: bool
+) -> PollOutcome:
+    """``RequestScale`` (``pkg/scaling/executor/scale_scaledobjects.go``)."""
 
     def outcome(action: Action, replicas: int = current, desired: int | None = None) -> PollOutcome:
         seen = now if action in (Action.ACTIVATE, Action.ACTIVE) else state.last_active_at

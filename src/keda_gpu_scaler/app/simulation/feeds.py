@@ -82,6 +82,10 @@ class Feed(Protocol):
         yet made are made with ``replicas`` in effect."""
         ...
 
+    def next_sample_at(self) -> float | None:
+        """When the next sample is taken (None: no more)."""
+        ...
+
 
 def _clip(metric_type: MetricType, value: float) -> float:
     most = bound(metric_type)
@@ -150,6 +154,9 @@ class LoadFeed:
         return iter(
             sorted((gpu if self._gpu_metrics else set()) | (engine if self._targets else set()))
         )
+
+    def next_sample_at(self) -> float | None:
+        return self._next
 
     def advance(self, t: float, replicas: int) -> Snapshot:
         while self._next is not None and self._next <= t:
@@ -242,6 +249,9 @@ class TraceFeed:
     @property
     def period_s(self) -> float:
         return self._period
+
+    def next_sample_at(self) -> float | None:
+        return self._cycles[self._done][0] if self._done < len(self._cycles) else None
 
     def advance(self, t: float, replicas: int) -> Snapshot:
         while self._done < len(self._cycles) and self._cycles[self._done][0] <= t:

@@ -1,4 +1,5 @@
-"""A figure as a PNG: a small rasterizer (square pens, a 5 × 7 bitmap font) and a zlib writer.
+"""A figure as a PNG: a small rasterizer (square pens, a 5 × 7 bitmap font with lower and
+upper case) and a zlib writer, drawn at twice the figure's size so that text is legible.
 
 No imaging library: the figure is lines, boxes and short labels, and the PNG format needs only
 zlib and CRC-32, both in the standard library.
@@ -6,6 +7,7 @@ zlib and CRC-32, both in the standard library.
 
 from __future__ import annotations
 
+import itertools
 import math
 import struct
 import zlib
@@ -67,7 +69,48 @@ _GLYPHS_TEXT = {
     "<": "...#.|..#..|.#...|#....|.#...|..#..|...#.",
     "*": ".....|..#..|#.#.#|.###.|#.#.#|..#..|.....",
     "?": ".###.|#...#|....#|...#.|..#..|.....|..#..",
+    "a": ".....|.....|.###.|....#|.####|#...#|.####",
+    "b": "#....|#....|#.##.|##..#|#...#|#...#|####.",
+    "c": ".....|.....|.###.|#....|#....|#...#|.###.",
+    "d": "....#|....#|.##.#|#..##|#...#|#...#|.####",
+    "e": ".....|.....|.###.|#...#|#####|#....|.###.",
+    "f": "..##.|.#..#|.#...|###..|.#...|.#...|.#...",
+    "g": ".....|.####|#...#|#...#|.####|....#|.###.",
+    "h": "#....|#....|#.##.|##..#|#...#|#...#|#...#",
+    "i": "..#..|.....|.##..|..#..|..#..|..#..|.###.",
+    "j": "...#.|.....|..##.|...#.|...#.|#..#.|.##..",
+    "k": "#....|#....|#..#.|#.#..|##...|#.#..|#..#.",
+    "l": ".##..|..#..|..#..|..#..|..#..|..#..|.###.",
+    "m": ".....|.....|##.#.|#.#.#|#.#.#|#...#|#...#",
+    "n": ".....|.....|#.##.|##..#|#...#|#...#|#...#",
+    "o": ".....|.....|.###.|#...#|#...#|#...#|.###.",
+    "p": ".....|.....|####.|#...#|####.|#....|#....",
+    "q": ".....|.....|.##.#|#..##|.####|....#|....#",
+    "r": ".....|.....|#.##.|##..#|#....|#....|#....",
+    "s": ".....|.....|.###.|#....|.###.|....#|####.",
+    "t": ".#...|.#...|###..|.#...|.#...|.#..#|..##.",
+    "u": ".....|.....|#...#|#...#|#...#|#..##|.##.#",
+    "v": ".....|.....|#...#|#...#|#...#|.#.#.|..#..",
+    "w": ".....|.....|#...#|#...#|#.#.#|#.#.#|.#.#.",
+    "x": ".....|.....|#...#|.#.#.|..#..|.#.#.|#...#",
+    "y": ".....|.....|#...#|#...#|.####|....#|.###.",
+    "z": ".....|.....|#####|...#.|..#..|.#...|#####",
+    "[": ".###.|.#...|.#...|.#...|.#...|.#...|.###.",
+    "]": ".###.|...#.|...#.|...#.|...#.|...#.|.###.",
+    "×": ".....|#...#|.#.#.|..#..|.#.#.|#...#|.....",
+    "'": "..#..|..#..|.....|.....|.....|.....|.....",
+    '"': ".#.#.|.#.#.|.....|.....|.....|.....|.....",
+    "#": ".#.#.|.#.#.|#####|.#.#.|#####|.#.#.|.#.#.",
+    ";": ".....|.##..|.##..|.....|.##..|..#..|.#...",
+    "!": "..#..|..#..|..#..|..#..|..#..|.....|..#..",
+    "|": "..#..|..#..|..#..|..#..|..#..|..#..|..#..",
+    "~": ".....|.....|.#...|#.#.#|...#.|.....|.....",
+    "^": "..#..|.#.#.|#...#|.....|.....|.....|.....",
+    "{": "...#.|..#..|..#..|.#...|..#..|..#..|...#.",
+    "}": ".#...|..#..|..#..|...#.|..#..|..#..|.#...",
 }
+SCALE = 2
+"""Pixels per unit of the figure."""
 _GLYPHS = {
     char: tuple(tuple(c == "#" for c in row) for row in rows.split("|"))
     for char, rows in _GLYPHS_TEXT.items()
@@ -95,14 +138,16 @@ class _Canvas:
 
     def line(self, item: Line) -> None:
         color = _rgb(item.color)
-        half = max(item.width, 1.0) / 2
+        half = max(item.width, 1.0) * SCALE / 2
         travelled = 0.0
-        for (xa, ya), (xb, yb) in zip(item.points, item.points[1:], strict=False):
+        points = [(x * SCALE, y * SCALE) for x, y in item.points]
+        dash = (_DASH[0] * SCALE, _DASH[1] * SCALE)
+        for (xa, ya), (xb, yb) in itertools.pairwise(points):
             length = math.hypot(xb - xa, yb - ya)
             steps = max(1, math.ceil(length * 2))
             for k in range(steps + 1):
                 along = length * k / steps
-                if item.dashed and (travelled + along) % sum(_DASH) >= _DASH[0]:
+                if item.dashed and (travelled + along) % sum(dash) >= dash[0]:
                     continue
                 x = xa + (xb - xa) * k / steps
                 y = ya + (yb - ya) * k / steps
@@ -110,8 +155,8 @@ class _Canvas:
             travelled += length
 
     def box(self, item: Box) -> None:
-        x0, y0 = round(item.x), round(item.y)
-        x1, y1 = round(item.x + item.w), round(item.y + item.h)
+        x0, y0 = round(item.x * SCALE), round(item.y * SCALE)
+        x1, y1 = round((item.x + item.w) * SCALE), round((item.y + item.h) * SCALE)
         if item.fill:
             self.fill(x0, y0, x1, y1, _rgb(item.fill))
         if item.stroke:
@@ -122,14 +167,15 @@ class _Canvas:
                 self.fill(a, b, c, d, color)
 
     def label(self, item: Label) -> None:
-        scale = 1 if item.size < 16 else 2
+        # Glyph pixels per figure pixel, in this canvas of SCALE pixels per figure pixel.
+        scale = SCALE if item.size < 16 else SCALE * 2
         advance = 6 * scale
         width = len(item.text) * advance - scale
-        x = item.x - {"start": 0, "middle": width / 2, "end": width}[item.anchor]
-        top = round(item.y) - 7 * scale
+        x = item.x * SCALE - {"start": 0, "middle": width / 2, "end": width}[item.anchor]
+        top = round(item.y * SCALE) - 7 * scale
         color = _rgb(item.color)
         for i, char in enumerate(item.text):
-            glyph = _GLYPHS.get(char.upper(), _GLYPHS["?"])
+            glyph = _GLYPHS.get(char) or _GLYPHS.get(char.upper(), _GLYPHS["?"])
             left = round(x) + i * advance
             for row, bits in enumerate(glyph):
                 for col, on in enumerate(bits):
@@ -157,7 +203,7 @@ def encode_png(width: int, height: int, rgb: bytes) -> bytes:
 
 
 def to_png(figure: Figure) -> bytes:
-    canvas = _Canvas(figure.width, figure.height)
+    canvas = _Canvas(figure.width * SCALE, figure.height * SCALE)
     for item in figure.items:
         if isinstance(item, Line):
             canvas.line(item)
@@ -165,4 +211,4 @@ def to_png(figure: Figure) -> bytes:
             canvas.box(item)
         else:
             canvas.label(item)
-    return encode_png(figure.width, figure.height, bytes(canvas.pixels))
+    return encode_png(canvas.width, canvas.height, bytes(canvas.pixels))

@@ -5,22 +5,22 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 
-from keda_gpu_scaler.app.simulation.runner import HPA, KEDA, Step
+from keda_gpu_scaler.app.simulation.runner import HPA, KEDA, PUSH, Step
 from keda_gpu_scaler.app.simulation.scaledobject import Plan, Trigger
 from keda_gpu_scaler.app.simulation.text import num
 from keda_gpu_scaler.domain.hpa import DOWNSCALE_STABILIZATION_S, ScalingRules
 
-_WHO = {KEDA: "KEDA poll", HPA: "HPA sync"}
+_WHO = {KEDA: "KEDA poll", HPA: "HPA sync", PUSH: "KEDA push"}
 
 
 def to_json(warnings: Sequence[str], steps: Sequence[Step]) -> str:
     """``{"warnings": [...], "steps": [{"t", "replicas", "desired", "active", "triggers",
-    "why"}]}``, each trigger ``{"metricName", "value", "target", "active"}``."""
+    "why"}]}``, each trigger ``{"metricName", "value", "target", "active", "fallback"}``."""
     doc = {
         "warnings": list(warnings),
         "steps": [
             {
-                "t": s.t,
+                "t": _t(s.t),
                 "replicas": s.replicas,
                 "desired": s.desired,
                 "active": s.active,
@@ -30,6 +30,7 @@ def to_json(warnings: Sequence[str], steps: Sequence[Step]) -> str:
                         "value": x.value,
                         "target": x.target,
                         "active": x.active,
+                        "fallback": x.fallback,
                     }
                     for x in s.triggers
                 ],
@@ -39,6 +40,11 @@ def to_json(warnings: Sequence[str], steps: Sequence[Step]) -> str:
         ],
     }
     return json.dumps(doc, indent=1, ensure_ascii=False) + "\n"
+
+
+def _t(t: float) -> float | int:
+    """Whole seconds as integers, as the steps fall when the ScaledObject is made at 0."""
+    return int(t) if float(t).is_integer() else round(t, 3)
 
 
 def describe(plan: Plan) -> list[str]:
@@ -111,7 +117,7 @@ def to_table(
 
 
 def _row(step: Step) -> list[str]:
-    cells = [str(step.t), step.by]
+    cells = [num(step.t), step.by]
     for trigger in step.triggers:
         cells += ["error" if trigger.value is None else num(trigger.value), num(trigger.target)]
     return [*cells, "yes" if step.active else "no", str(step.desired), str(step.replicas)]

@@ -1,22 +1,25 @@
 """The simulation: KEDA's scale loop and the HPA over a feed, in virtual time, each asking
 the scaler's real decision code.
 
-Timing: the HPA syncs at t = 0, 15, 30 ... s and KEDA polls from t = 0 every
-``pollingInterval``; at the same instant KEDA acts first. Before each of them, every sample
-taken so far is folded (with the replica count in effect when it was taken). A call to the
-scaler is what the servicer does: ``measure`` the trigger on the snapshot, then ``judge`` it
-with that trigger's cooldown entry (shared by both paths, as the decider keys it); KEDA's
-``GetMetrics`` and ``IsActive`` of one check read the same snapshot at the same instant, so
-one judgement answers both.
+Timing: the ScaledObject is created at ``start`` (0 unless told); the HPA syncs then and
+every 15 s, KEDA polls then and every ``pollingInterval``; at the same instant KEDA acts
+first. Before each of them, every sample taken so far is folded (with the replica count in
+effect when it was taken). A call to the scaler is what the servicer does: ``measure`` the
+trigger on the snapshot, then ``judge`` it with that trigger's cooldown entry (shared by both
+paths and the streams, as the decider keys it); KEDA's ``GetMetrics`` and ``IsActive`` of one
+check read the same snapshot at the same instant, so one judgement answers both. An
+``external-push`` trigger's StreamIsActive is judged on every reading (:mod:`.push`), and a
+``true`` it sends is acted on at once.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Sequence, Set
 from dataclasses import dataclass, field
 
 from keda_gpu_scaler.app.simulation.feeds import Feed
+from keda_gpu_scaler.app.simulation.push import Judgement, PushStream
 from keda_gpu_scaler.app.simulation.scaledobject import Plan, Trigger
 from keda_gpu_scaler.app.simulation.text import num
 from keda_gpu_scaler.domain.cooldown import CooldownEntry
@@ -37,14 +40,17 @@ from keda_gpu_scaler.domain.kedaloop import (
     MetricTarget,
     count,
     poll,
+    push,
     schedule,
     to_milli,
 )
-
-__all__ = ["HPA", "KEDA", "Step", "TriggerStep", "schedule", "simulate", "warnings"]
 from keda_gpu_scaler.domain.reach import unreachable_max
 from keda_gpu_scaler.domain.snapshot import EMPTY_SNAPSHOT, Snapshot
 from keda_gpu_scaler.domain.trigger import TriggerSpec
+
+PUSH = "push"
+"""A ``true`` of StreamIsActive that KEDA acted on."""
+__all__ = ["HPA", "KEDA", "PUSH", "Step", "TriggerStep", "schedule", "simulate", "warnings"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,13 +62,16 @@ class TriggerStep:
     target: float
     active: bool
     """As KEDA counts the trigger: the scaler's ``IsActive``, or true while falling back."""
+    fallback: bool = False
+    """KEDA served its fallback value instead of the error (``value`` is None)."""
 
 
 @dataclass(frozen=True, slots=True)
 class Step:
-    t: int
+    t: float
     by: str
-    """``KEDA`` (a poll of the scale loop) or ``HPA`` (a sync of the controller)."""
+    """``KEDA`` (a poll of the scale loop), ``HPA`` (a sync of the controller) or ``PUSH``
+    (KEDA acting on a ``true`` of StreamIsActive)."""
     replicas: int
     """The count after this step's action."""
     desired: int
@@ -91,12 +100,14 @@ def warnings(plan: Plan, gpus: int | None) -> tuple[str, ...]:
     return tuple(found)
 
 
-def simulate(plan: Plan, feed: Feed, initial_replicas: int) -> list[Step]:
+def simulate(plan: Plan, feed: Feed, initial_replicas: int, *, start: float = 0.0) -> list[Step]:
+    """Every step from the ScaledObject's creation at ``start`` to the feed's end."""
     run = _Run(plan, feed, initial_replicas)
-    return [
-        run.poll(t) if by == KEDA else run.sync(t)
-        for t, by in schedule(feed.duration, plan.keda.polling_s)
-    ]
+    steps: list[Step] = []
+    for t, by in schedule(feed.duration, plan.keda.polling_s, start=start):
+        steps += run.streams_until(t)
+        steps.append(run.poll(t) if by == KEDA else run.sync(t))
+    return steps
 
 
 @dataclass
@@ -109,16 +120,33 @@ class _Scaler:
     entries: dict[TriggerSpec, CooldownEntry] = field(default_factory=dict)
 
     def ask(self, trigger: Trigger, now: float, *, keep: bool = True) -> Answer:
+        return self._judge(trigger, now, keep=keep)[0]
+
+    def stream(self, trigger: Trigger, now: float) -> Judgement:
+        """What StreamIsActive serves now (the same judgement, the same cooldown entry)."""
+        answer, hold_ends_at = self._judge(trigger, now, keep=True)
+        return Judgement(answer.active if answer.value is not None else None, hold_ends_at)
+
+    def raw_activity(self, trigger: Trigger, now: float) -> bool | None:
+        """The spec's raw activity, as the stream registry compares it on a new reading."""
+        try:
+            measured = measure(trigger.spec, self.snapshot, now)
+        except (NoData, InvalidTrigger):
+            return None
+        return measured.value > trigger.spec.activation
+
+    def _judge(self, trigger: Trigger, now: float, *, keep: bool) -> tuple[Answer, float]:
         try:
             measured = measure(trigger.spec, self.snapshot, now)
         except (NoData, InvalidTrigger) as exc:
-            return Answer(None, error=str(exc))
+            return Answer(None, error=str(exc)), math.inf
         decision = judge(trigger.spec, measured, self.entries.get(trigger.spec), now)
         if keep:
             self.entries[trigger.spec] = decision.cooldown.entry
         if not math.isfinite(decision.value) or decision.value < 0:
-            return Answer(None, error=f"refusing to serve {decision.value!r}")
-        return Answer(decision.value, decision.active)
+            return Answer(None, error=f"refusing to serve {decision.value!r}"), math.inf
+        hold = now + decision.cooldown.remaining_s if decision.cooldown.held else math.inf
+        return Answer(decision.value, decision.active), hold
 
 
 class _Run:
@@ -129,19 +157,74 @@ class _Run:
         self._scaler = _Scaler()
         self._keda = KedaState(failures=(0,) * len(plan.triggers))
         self._hpa = HpaState()
-        self._cached: dict[int, Answer] = {}
+        self._cached: dict[int, Counted] = {}
+        """The scale loop's last record of each ``useCachedMetrics`` trigger, fallback applied."""
+        self._observed: dict[int, tuple[float, Counted]] = {}
+        """What the HPA path last observed of each metric (KEDA 2.21's state records)."""
+        pushed = [tr for tr in plan.triggers if tr.push]
+        self._pushes = [PushStream.open(tr, n) for n, tr in enumerate(pushed)]
+        self._streams_open = False
 
-    def poll(self, t: int) -> Step:
+    # -- StreamIsActive -----------------------------------------------------------------
+
+    def streams_until(self, t: float) -> list[Step]:
+        """The push triggers' streams up to ``t``: opened at the first step, judged on each
+        reading, heartbeat and end of a hold; a ``true`` that scales is a step."""
+        steps: list[Step] = []
+        if not self._pushes:
+            return steps
+        if not self._streams_open:
+            self._streams_open = True
+            self._scaler.snapshot = self._feed.advance(t, self._replicas)
+            for stream in self._pushes:
+                stream.raw = self._scaler.raw_activity(stream.trigger, t)
+                steps += self._judge_stream(stream, t)
+        while True:
+            sample = self._feed.next_sample_at()
+            wake = min(stream.wake_at for stream in self._pushes)
+            at = wake if sample is None else min(sample, wake)
+            if at > t:
+                return steps
+            self._scaler.snapshot = self._feed.advance(at, self._replicas)
+            for stream in self._pushes:
+                raw = self._scaler.raw_activity(stream.trigger, at)
+                if stream.needs_judging(raw, at):
+                    steps += self._judge_stream(stream, at)
+
+    def _judge_stream(self, stream: PushStream, t: float) -> list[Step]:
+        if not stream.send(self._scaler.stream(stream.trigger, t), t):
+            return []
+        outcome = push(self._plan.keda, self._keda, self._replicas, t)
+        self._keda = outcome.state
+        if outcome.replicas == self._replicas:
+            return []  # lastActiveTime refreshed: nothing to show
+        peeked = [self._scaler.ask(tr, t, keep=False) for tr in self._plan.triggers]
+        counted = [Counted(a, 0) for a in peeked]
+        why = [f"{stream.trigger.hpa_name} StreamIsActive true", outcome.explain(self._plan.keda)]
+        return [self._step(t, PUSH, outcome.replicas, outcome.desired, counted, why)]
+
+    # -- KEDA's scale loop and the HPA ---------------------------------------------------
+
+    def poll(self, t: float) -> Step:
         self._scaler.snapshot = self._feed.advance(t, self._replicas)
-        answers = [self._scaler.ask(trigger, t) for trigger in self._plan.triggers]
-        self._cached = {i: a for i, a in enumerate(answers) if self._plan.triggers[i].use_cached}
-        counted = self._count(answers)
+        observed = self._plan.keda.uses_hpa_observations and self._hpa.scaling_active is True
+        counted, notes, reused = [], [], set()
+        for i, trigger in enumerate(self._plan.triggers):
+            seen = self._observed.get(i) if observed else None
+            if seen is not None:
+                # KEDA 2.21: the HPA's record of the metric, fallback applied, uncounted.
+                counted.append(seen[1])
+                reused.add(i)
+                notes.append(_reused(trigger, *seen))
+            else:
+                counted.append(self._count_one(i, self._scaler.ask(trigger, t)))
+        self._cached = {i: c for i, c in enumerate(counted) if self._plan.triggers[i].use_cached}
         outcome = poll(self._plan.keda, self._keda, self._replicas, counted, t)
         self._keda = outcome.state
-        why = [*self._notes(counted), outcome.explain(self._plan.keda)]
+        why = [*notes, *self._notes(counted, skip=reused), outcome.explain(self._plan.keda)]
         return self._step(t, KEDA, outcome.replicas, outcome.desired, counted, why)
 
-    def sync(self, t: int) -> Step:
+    def sync(self, t: float) -> Step:
         self._scaler.snapshot = self._feed.advance(t, self._replicas)
         if self._replicas == 0:
             # The HPA asks nothing at 0 replicas: show what the scaler would answer.
@@ -150,11 +233,12 @@ class _Run:
             outcome = sync(self._plan.hpa, self._hpa, 0, (), t)
             notes = []
         else:
-            answers = [
-                self._cached.get(i) or self._scaler.ask(trigger, t)
+            counted = [
+                self._count_one(i, self._cached_answer(i) or self._scaler.ask(trigger, t))
                 for i, trigger in enumerate(self._plan.triggers)
             ]
-            counted = self._count(answers)
+            if self._plan.keda.uses_hpa_observations:
+                self._observed = {i: (t, c) for i, c in enumerate(counted)}
             metrics = [
                 self._metric(tr, c) for tr, c in zip(self._plan.triggers, counted, strict=True)
             ]
@@ -164,14 +248,23 @@ class _Run:
         why = [*notes, outcome.explain(self._plan.hpa)]
         return self._step(t, HPA, outcome.replicas, outcome.desired, counted, why)
 
-    def _count(self, answers: Sequence[Answer]) -> list[Counted]:
-        counted = []
-        for trigger, answer in zip(self._plan.triggers, answers, strict=True):
-            target = MetricTarget(to_milli(trigger.spec.target), trigger.target_type)
-            self._keda, c = count(
-                self._plan.keda, self._keda, trigger.index, answer, target, self._replicas
-            )
-            counted.append(c)
+    def _cached_answer(self, index: int) -> Answer | None:
+        """A ``useCachedMetrics`` record as the HPA path reads it: the scale loop stored it
+        with fallback applied, so a fallback value reads as a success (and resets the failure
+        count), an error as an error (``GetScaledObjectMetrics``, ``observeMetric``)."""
+        record = self._cached.get(index)
+        if record is None:
+            return None
+        if record.fallback_milli is not None:
+            return Answer(record.fallback_milli / 1000, record.answer.active)
+        return record.answer
+
+    def _count_one(self, index: int, answer: Answer) -> Counted:
+        trigger = self._plan.triggers[index]
+        target = MetricTarget(to_milli(trigger.spec.target), trigger.target_type)
+        self._keda, counted = count(
+            self._plan.keda, self._keda, trigger.index, answer, target, self._replicas
+        )
         return counted
 
     def _metric(self, trigger: Trigger, counted: Counted) -> ExternalMetric:
@@ -185,13 +278,15 @@ class _Run:
             counted.answer.error,
         )
 
-    def _notes(self, counted: Sequence[Counted], *, hpa: bool = False) -> list[str]:
+    def _notes(
+        self, counted: Sequence[Counted], *, hpa: bool = False, skip: Set[int] = frozenset()
+    ) -> list[str]:
         """Errors and fallback; on the HPA path a failed proposal names the error itself."""
         notes = []
         fallback = self._plan.keda.fallback
         tracked = fallback is not None and self._plan.keda.tracks_health
-        for trigger, c in zip(self._plan.triggers, counted, strict=True):
-            if c.answer.value is not None:
+        for i, (trigger, c) in enumerate(zip(self._plan.triggers, counted, strict=True)):
+            if c.answer.value is not None or i in skip:
                 continue
             said = hpa and not c.falling_back
             failures = ""
@@ -211,7 +306,7 @@ class _Run:
 
     def _step(
         self,
-        t: int,
+        t: float,
         by: str,
         replicas: int,
         desired: int,
@@ -220,8 +315,17 @@ class _Run:
     ) -> Step:
         self._replicas = replicas
         triggers = tuple(
-            TriggerStep(tr.hpa_name, c.answer.value, tr.spec.target, c.active)
+            TriggerStep(tr.hpa_name, c.answer.value, tr.spec.target, c.active, c.falling_back)
             for tr, c in zip(self._plan.triggers, counted, strict=True)
         )
         active = any(s.active for s in triggers)
         return Step(t, by, replicas, desired, active, triggers, "; ".join(why))
+
+
+def _reused(trigger: Trigger, at: float, record: Counted) -> str:
+    said = f"{trigger.hpa_name} as the HPA read it at t={num(at)}"
+    if record.fallback_milli is not None:
+        return f"{said} (the fallback's {num(record.fallback_milli / 1000)})"
+    if record.answer.value is None:
+        return f"{said} (an error)"
+    return said

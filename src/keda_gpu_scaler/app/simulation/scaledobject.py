@@ -8,7 +8,7 @@ trigger of another scaler, or a setting the simulator does not model (``scalingM
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Annotated, Any, TypeVar
 
@@ -197,16 +197,14 @@ def plan_of(so: _ScaledObject, *, origin: str) -> Plan:
     hpa = HpaSpec(keda.hpa_min_replicas, keda.max_replicas, _behavior(spec.advanced, origin))
     if not spec.triggers:
         raise BadInput(f"{origin}: spec.triggers: at least one trigger is needed")
+    fallback = spec.fallback is not None
     triggers = tuple(
-        _trigger(i, t, so.metadata.namespace, origin) for i, t in enumerate(spec.triggers)
+        _trigger(i, t, so.metadata.namespace, origin, fallback=fallback)
+        for i, t in enumerate(spec.triggers)
     )
-    notes = [
-        f"{t.hpa_name}: external-push: activation between polls (StreamIsActive) is not "
-        "simulated; it happens at polls"
-        for t in triggers
-        if t.push
-    ]
-    notes += [f"{t.hpa_name}: {w}" for t in triggers for w in t.spec.warnings]
+    if any(t.use_cached for t in triggers):
+        keda = replace(keda, uses_cached_metrics=True)
+    notes = [f"{t.hpa_name}: {w}" for t in triggers for w in t.spec.warnings]
     return Plan(so.metadata.namespace, so.metadata.name, keda, hpa, triggers, tuple(notes))
 
 
@@ -287,7 +285,16 @@ def _tolerance(raw: int | float | str, where: str) -> float:
     return value
 
 
-def _trigger(index: int, raw: _Trigger, namespace: str, origin: str) -> Trigger:
+_NO_FALLBACK = (
+    "; the fallback would not replace it: KEDA builds the fallback value from the metric spec "
+    "that GetMetricSpec refuses, so a trigger whose GetMetricSpec fails never falls back "
+    "(kedacore/keda#8056)"
+)
+
+
+def _trigger(
+    index: int, raw: _Trigger, namespace: str, origin: str, *, fallback: bool = False
+) -> Trigger:
     where = f"{origin}: spec.triggers[{index}]"
     if raw.type not in _TRIGGER_TYPES:
         raise BadInput(
@@ -303,7 +310,8 @@ def _trigger(index: int, raw: _Trigger, namespace: str, origin: str) -> Trigger:
     try:
         spec = parse_trigger(metadata, namespace)
     except InvalidTrigger as exc:
-        raise BadInput(f"{where}.metadata: {exc}") from None
+        why = _NO_FALLBACK if fallback else ""
+        raise BadInput(f"{where}.metadata: {exc}{why}") from None
     if spec.pod_selector is not None:
         raise BadInput(
             f"{where}.metadata.podSelector: the simulator has no pods; leave it out (the GPUs "
