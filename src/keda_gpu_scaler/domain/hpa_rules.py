@@ -135,11 +135,25 @@ def _replace_oldest(
     return (*items, new)
 
 
+_SAME_INSTANT_S = 1e-6
+"""Two instants closer than this are one (the grid's sums of floats are not exact)."""
+
+
+def _within(t: float, window_s: float, now: float) -> bool:
+    """Whether what happened at ``t`` is younger than ``window_s`` at ``now``.
+
+    The controller compares nanosecond timestamps (``rec.timestamp.After(cutoff)``,
+    ``rec.timestamp.Add(period).After(now)``), and its syncs of an HPA are never exactly 15 s
+    apart: each comes 15 s after the previous one finished. A sync that falls, on the
+    simulated grid, exactly a window after a record is therefore a little later than that in
+    a cluster, and the record is out of the window."""
+    return now - t < window_s - _SAME_INSTANT_S
+
+
 def stabilize_legacy(state: HpaState, desired: int, now: float) -> tuple[HpaState, int]:
     """``stabilizeRecommendation``: the highest recommendation of the last 300 s."""
     recs = state.recommendations or ()
-    cutoff = now - DOWNSCALE_STABILIZATION_S
-    old = [t < cutoff for t, _ in recs]
+    old = [not _within(t, DOWNSCALE_STABILIZATION_S, now) for t, _ in recs]
     best = max([desired, *(n for (t, n), o in zip(recs, old, strict=True) if not o)])
     return replace(state, recommendations=_replace_oldest(recs, old, (now, desired))), best
 
@@ -164,12 +178,11 @@ def stabilize(
     """``stabilizeRecommendationWithBehaviors``: the current count brought within [lowest
     recommendation of the scale-up window, highest of the scale-down window]."""
     recs = state.recommendations or ()
-    up_cut = now - behavior.scale_up.stabilization_s
-    down_cut = now - behavior.scale_down.stabilization_s
-    up = min([desired, *(n for t, n in recs if t > up_cut)])
-    down = max([desired, *(n for t, n in recs if t > down_cut)])
+    up_s, down_s = behavior.scale_up.stabilization_s, behavior.scale_down.stabilization_s
+    up = min([desired, *(n for t, n in recs if _within(t, up_s, now))])
+    down = max([desired, *(n for t, n in recs if _within(t, down_s, now))])
     recommendation = min(max(current, up), down)
-    old = [t < up_cut and t < down_cut for t, _ in recs]
+    old = [not _within(t, up_s, now) and not _within(t, down_s, now) for t, _ in recs]
     return replace(
         state, recommendations=_replace_oldest(recs, old, (now, desired))
     ), recommendation
@@ -207,7 +220,7 @@ def rate_limit(
 
 def _changed(events: tuple[TimedCount, ...], period_s: int, now: float) -> int:
     """``getReplicasChangePerPeriod``: replicas changed by events within the period."""
-    return sum(n for t, n in events if t > now - period_s)
+    return sum(n for t, n in events if _within(t, period_s, now))
 
 
 def _period_start(state: HpaState, current: int, period_s: int, now: float) -> int:
@@ -257,6 +270,6 @@ def store_event(
     rules = behavior.scale_up if up else behavior.scale_down
     longest = max((p.period_s for p in rules.policies), default=0)
     events = state.scale_ups if up else state.scale_downs
-    old = [t < now - longest for t, _ in events]
+    old = [not _within(t, longest, now) for t, _ in events]
     events = _replace_oldest(events, old, (now, abs(replicas - current)))
     return replace(state, scale_ups=events) if up else replace(state, scale_downs=events)
