@@ -7,9 +7,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 
-from keda_gpu_scaler.app.simulate import Simulation, run_simulation
+from keda_gpu_scaler.app.simulate import Simulation
 from keda_gpu_scaler.app.simulation.feeds import LoadFeed, engine_share, gpu_share
 from keda_gpu_scaler.app.simulation.inputs import BadInput
 from keda_gpu_scaler.app.simulation.load import POWER_LIMIT_W, TOTAL_MIB, read_load
@@ -24,17 +23,12 @@ from keda_gpu_scaler.domain.catalog import (
 )
 from keda_gpu_scaler.domain.engines import Discovery
 from keda_gpu_scaler.domain.samples import DeviceKey, GpuReading
-
-
-def _put(tmp_path: Path, name: str, doc: Any) -> Path:
-    path = tmp_path / name
-    path.write_text(yaml.safe_dump(doc, sort_keys=False))
-    return path
+from tests.test_simulate import put, scaled_object, simulate
 
 
 def _load(tmp_path: Path, metrics: dict[str, Any], *, gpus: int = 1, duration: float = 120) -> Any:
     doc = {"duration": duration, "gpus": gpus, "metrics": metrics}
-    return read_load(_put(tmp_path, "load.yaml", doc))
+    return read_load(put(tmp_path, "load.yaml", doc))
 
 
 def _demand(value: float) -> dict[str, Any]:
@@ -65,20 +59,8 @@ QUEUE_AVERAGE_10 = _trigger(
 def _simulate(
     tmp_path: Path, triggers: list[dict[str, Any]], metrics: dict[str, Any]
 ) -> Simulation:
-    so = {
-        "apiVersion": "keda.sh/v1alpha1",
-        "kind": "ScaledObject",
-        "metadata": {"name": "app", "namespace": "default"},
-        "spec": {
-            "scaleTargetRef": {"name": "app"},
-            "minReplicaCount": 1,
-            "maxReplicaCount": 8,
-            "pollingInterval": 15,
-            "triggers": triggers,
-        },
-    }
-    load = {"duration": 90, "metrics": metrics}
-    return run_simulation(_put(tmp_path, "so.yaml", so), load=_put(tmp_path, "load.yaml", load))
+    so = scaled_object(maxReplicaCount=8, pollingInterval=15, triggers=triggers)
+    return simulate(tmp_path, so, {"duration": 90, "metrics": metrics})
 
 
 # -- the catalog's bounds -----------------------------------------------------------------

@@ -1,4 +1,5 @@
-"""SIGTERM with 500 open streams: streams end with status OK and the process exits in < 2 s."""
+"""SIGTERM with open streams (500 StreamIsActive, or StreamMetricSpec): streams end with status
+OK and the process exits in < 2 s."""
 
 from __future__ import annotations
 
@@ -6,6 +7,8 @@ import json
 import signal
 import sys
 import time
+from collections.abc import AsyncIterator, Callable
+from typing import Any
 
 import anyio
 import pytest
@@ -33,7 +36,12 @@ async def _serving_port(process: Process) -> int:
     raise AssertionError(f"the server never said it was serving: {buffered}")
 
 
-async def test_sigterm_with_500_open_streams_exits_cleanly_within_2_s() -> None:
+Opener = Callable[[ExternalScalerStub, ScaledObjectRef], AsyncIterator[Any]]
+
+
+async def _sigterm_ends_open_streams(open_stream: Opener, streams: int) -> None:
+    """``streams`` streams opened on a served process; SIGTERM: each ends with status OK after
+    its first message, and the process exits with 0 in under 2 s."""
     command = [
         sys.executable,
         "-m",
@@ -62,16 +70,16 @@ async def test_sigterm_with_500_open_streams_exits_cleanly_within_2_s() -> None:
             async def stream() -> None:
                 nonlocal first_seen, ended_ok
                 seen = False
-                async for _ in stub.stream_is_active(ref):  # raises on a non-OK status
+                async for _ in open_stream(stub, ref):  # raises on a non-OK status
                     if not seen:
                         seen = True
                         first_seen += 1
-                        if first_seen == STREAMS:
+                        if first_seen == streams:
                             all_open.set()
                 ended_ok += 1
 
             async with anyio.create_task_group() as tg:
-                for _ in range(STREAMS):
+                for _ in range(streams):
                     tg.start_soon(stream)
                 with anyio.fail_after(10):
                     await all_open.wait()
@@ -82,7 +90,17 @@ async def test_sigterm_with_500_open_streams_exits_cleanly_within_2_s() -> None:
                 exited_after = time.perf_counter() - sent
         assert returncode == 0
         assert exited_after < 2.0
-        assert ended_ok == STREAMS
+        assert ended_ok == streams
+
+
+async def test_sigterm_with_500_open_streams_exits_cleanly_within_2_s() -> None:
+    await _sigterm_ends_open_streams(lambda stub, ref: stub.stream_is_active(ref), STREAMS)
+
+
+async def test_sigterm_ends_metric_spec_streams_with_ok_within_2_s() -> None:
+    """StreamMetricSpec streams, which have nothing more to send after the first message,
+    end with OK too."""
+    await _sigterm_ends_open_streams(lambda stub, ref: stub.stream_metric_spec(ref), 50)
 
 
 async def test_nvml_source_without_nvml_is_one_clear_error() -> None:

@@ -6,9 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-import yaml
-
-from keda_gpu_scaler.app.simulate import Simulation, run_simulation
+from keda_gpu_scaler.app.simulate import Simulation
 from keda_gpu_scaler.app.simulation.chart import (
     ERROR_BAND,
     FALLBACK_BAND,
@@ -18,28 +16,19 @@ from keda_gpu_scaler.app.simulation.chart import (
     Line,
 )
 from keda_gpu_scaler.app.simulation.png import _GLYPHS, SCALE, _Canvas
+from tests.test_simulate import scaled_object, simulate
 
 
 def _simulate(
     tmp_path: Path, triggers: list[dict[str, Any]], metrics: dict[str, Any]
 ) -> Simulation:
-    so = {
-        "apiVersion": "keda.sh/v1alpha1",
-        "kind": "ScaledObject",
-        "metadata": {"name": "app", "namespace": "default"},
-        "spec": {
-            "scaleTargetRef": {"name": "app"},
-            "minReplicaCount": 1,
-            "maxReplicaCount": 6,
-            "pollingInterval": 15,
-            "fallback": {"failureThreshold": 1, "replicas": 3},
-            "triggers": triggers,
-        },
-    }
-    so_path, load_path = tmp_path / "so.yaml", tmp_path / "load.yaml"
-    so_path.write_text(yaml.safe_dump(so))
-    load_path.write_text(yaml.safe_dump({"duration": 300, "metrics": metrics}))
-    return run_simulation(so_path, load=load_path)
+    so = scaled_object(
+        maxReplicaCount=6,
+        pollingInterval=15,
+        fallback={"failureThreshold": 1, "replicas": 3},
+        triggers=triggers,
+    )
+    return simulate(tmp_path, so, {"duration": 300, "metrics": metrics})
 
 
 GPU = {

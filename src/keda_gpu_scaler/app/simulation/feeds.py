@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from keda_gpu_scaler.app.simulation.inputs import BadInput
-from keda_gpu_scaler.app.simulation.load import TOTAL_MIB, Load, MetricLoad, bound
+from keda_gpu_scaler.app.simulation.load import POWER_LIMIT_W, TOTAL_MIB, Load, MetricLoad, bound
 from keda_gpu_scaler.domain.catalog import CATALOG, MetricType
 from keda_gpu_scaler.domain.engines import READING_TYPES, Discovery, EngineSample, EngineTarget
 from keda_gpu_scaler.domain.errors import SourceUnavailable
@@ -121,6 +121,38 @@ def engine_share(metric: MetricLoad, t: float, replicas: int, discovery: Discove
     return _clip(metric.metric_type, share)
 
 
+def gpu_reading(
+    metrics: Sequence[MetricLoad],
+    index: int,
+    at: float,
+    replicas: int,
+    *,
+    source: str = _SOURCE,
+    taken_at: float | None = None,
+) -> GpuReading:
+    """GPU ``index`` as NVML would read it at ``at`` of the load, with ``replicas`` sharing
+    its demand (dated ``taken_at`` on the reader's clock, ``at`` unless given)."""
+    fields: dict[str, Any] = {}
+    for metric in metrics:
+        if metric.metric_type not in _GPU_FIELDS:
+            continue
+        value = gpu_share(metric, at, index, replicas)
+        if value is not None:
+            fields |= _GPU_FIELDS[metric.metric_type](value)
+    return GpuReading(
+        source=source,
+        key=DeviceKey(f"GPU-simulated-{index}"),
+        index=index,
+        uuid=f"GPU-simulated-{index}",
+        name="simulated GPU",
+        taken_at=at if taken_at is None else taken_at,
+        period_s=GPU_PERIOD_S,
+        memory_total_bytes=TOTAL_MIB * _MIB,
+        power_limit_mw=POWER_LIMIT_W * 1000,
+        **fields,
+    )
+
+
 def _backlog_share(
     metric: MetricLoad, t: float, replicas: int, discovery: Discovery
 ) -> float | None:
@@ -176,22 +208,7 @@ class LoadFeed:
         return samples
 
     def _gpu(self, index: int, at: float, replicas: int) -> GpuReading:
-        fields: dict[str, Any] = {}
-        for metric in self._gpu_metrics:
-            value = gpu_share(metric, at, index, replicas)
-            if value is not None:
-                fields |= _GPU_FIELDS[metric.metric_type](value)
-        return GpuReading(
-            source=_SOURCE,
-            key=DeviceKey(f"GPU-simulated-{index}"),
-            index=index,
-            uuid=f"GPU-simulated-{index}",
-            name="simulated GPU",
-            taken_at=at,
-            period_s=GPU_PERIOD_S,
-            memory_total_bytes=TOTAL_MIB * _MIB,
-            **fields,
-        )
+        return gpu_reading(self._gpu_metrics, index, at, replicas)
 
     def _engine(self, target: EngineTarget, at: float, replicas: int) -> EngineSample:
         fields: dict[str, float | None] = {}

@@ -17,6 +17,8 @@ from keda_gpu_scaler.app.simulation.scaledobject import Trigger
 from keda_gpu_scaler.serving.streams import StreamPacer, heartbeat_spread
 
 _UNJUDGED = object()
+_AFTER_S = 1e-3
+"""A wake is never at the instant just judged (a hold ending now): the next is this later."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,5 +54,5 @@ class PushStream:
     def send(self, judged: Judgement, now: float) -> bool:
         """Whether the stream sends ``true`` now (KEDA acts on nothing else)."""
         step = self.pacer.step(judged.active, now, hold_ends_at=judged.hold_ends_at)
-        self.wake_at = step.wake_at
+        self.wake_at = max(step.wake_at, now + _AFTER_S)
         return step.send and judged.active is True
