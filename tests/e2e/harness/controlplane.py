@@ -385,7 +385,8 @@ class ControlPlane:
     def wait_crds_established(self, names: list[str]) -> None:
         def is_established(name: str) -> bool:
             crd = self.admin.get(f"/apis/apiextensions.k8s.io/v1/customresourcedefinitions/{name}")
-            conditions = crd.get("status", {}).get("conditions", [])
+            # A CRD just created can answer "conditions": null before the API server sets any.
+            conditions = crd.get("status", {}).get("conditions") or []
             return any(c["type"] == "Established" and c["status"] == "True" for c in conditions)
 
         def established() -> bool:
