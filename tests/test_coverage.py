@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 
 from keda_gpu_scaler.domain.aggregation import Aggregation
-from keda_gpu_scaler.domain.coverage import DEFAULT_MIN_COVERAGE, Coverage, refusal
+from keda_gpu_scaler.domain.coverage import Coverage, refusal
+from keda_gpu_scaler.domain.trigger_values import DEFAULT_MIN_COVERAGE
 
 
 def _coverage(selected: int, missing: int) -> Coverage:

@@ -10,7 +10,7 @@ from collections.abc import Sequence
 
 import pytest
 
-from keda_gpu_scaler.domain.hpa import (
+from keda_gpu_scaler.models.hpa import (
     SCALE_DOWN_DEFAULTS,
     SCALE_UP_DEFAULTS,
     Behavior,

@@ -7,8 +7,8 @@ from collections.abc import Sequence
 
 import pytest
 
-from keda_gpu_scaler.domain.hpa import TargetType
-from keda_gpu_scaler.domain.kedaloop import (
+from keda_gpu_scaler.models.hpa import TargetType
+from keda_gpu_scaler.models.kedaloop import (
     HPA,
     KEDA,
     Action,

@@ -30,7 +30,7 @@ from keda_gpu_scaler.app.simulation.runner import HPA, KEDA, PUSH
 from keda_gpu_scaler.domain.aggregation import Aggregation
 from keda_gpu_scaler.domain.catalog import CATALOG, MetricType, Origin
 from keda_gpu_scaler.domain.engines import Discovery
-from keda_gpu_scaler.domain.reach import replica_ceiling, unreachable_max
+from keda_gpu_scaler.models.reach import replica_ceiling, unreachable_max
 from tests.k8s_tools import validate
 
 ROOT = Path(__file__).resolve().parent.parent

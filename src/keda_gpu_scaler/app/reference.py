@@ -12,8 +12,8 @@ from keda_gpu_scaler.app.serve_flags import SERVE_FLAGS
 from keda_gpu_scaler.domain.aggregation import Aggregation
 from keda_gpu_scaler.domain.catalog import CATALOG, MetricType
 from keda_gpu_scaler.domain.profiles import PROFILES
-from keda_gpu_scaler.domain.reach import PERCENT_CEILING, bounded_metric_types, replica_ceiling
 from keda_gpu_scaler.domain.trigger_keys import KEDA_KEYS, TRIGGER_KEY_HELP, TRIGGER_KEYS
+from keda_gpu_scaler.models.reach import PERCENT_CEILING, bounded_metric_types, replica_ceiling
 
 
 def _table(header: tuple[str, ...], rows: Sequence[tuple[str, ...]]) -> list[str]:

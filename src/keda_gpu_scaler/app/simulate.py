@@ -3,7 +3,7 @@ trace or a synthetic load, in virtual time, with the scaler's real decision code
 
 Everything is in ``app/simulation/``: the ScaledObject (``scaledobject``), the load format
 (``load``), the samples and the real fold (``feeds``), the loop (``runner``) over the pure
-models of ``domain.kedaloop`` and ``domain.hpa``, and the outputs (``report``, ``chart``,
+models of ``models.kedaloop`` and ``models.hpa``, and the outputs (``report``, ``chart``,
 ``svg``, ``png``). See docs/simulate.md.
 """
 

@@ -13,19 +13,10 @@ node partitioned, an attribution gone stale). The rule, decided once for every a
 
 from __future__ import annotations
 
-import math
-import re
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 from keda_gpu_scaler.domain.aggregation import Aggregation
-from keda_gpu_scaler.domain.errors import InvalidTrigger
-from keda_gpu_scaler.domain.names import is_node_name
 
-if TYPE_CHECKING:
-    from keda_gpu_scaler.domain.trigger import TriggerSpec
-
-DEFAULT_MIN_COVERAGE = 0.75
 MISSING_NAMED = 8
 """Missing devices named in a reason at most; the rest are counted."""
 
@@ -74,34 +65,3 @@ def refusal(how: Aggregation, coverage: Coverage, min_coverage: float) -> str | 
             f"({coverage.describe()})"
         )
     return None
-
-
-_NUMBER = re.compile(r"(?:\d+(?:\.\d*)?|\.\d+)")
-
-
-def parse_min_coverage(raw: str) -> float:
-    """``minCoverage``: a number in (0, 1]."""
-    value = float(raw) if _NUMBER.fullmatch(raw) else math.nan
-    if not 0 < value <= 1:
-        raise InvalidTrigger("minCoverage", raw, "must be a number above 0 and at most 1")
-    return value
-
-
-def parse_node_name(raw: str) -> str:
-    """``nodeName``: a Kubernetes node name (RFC 1123 subdomain)."""
-    if not is_node_name(raw):
-        raise InvalidTrigger("nodeName", raw, "must be a node name (RFC 1123 subdomain)")
-    return raw
-
-
-def check_cluster_trigger(spec: TriggerSpec) -> None:
-    """On a cluster scaler, ``gpuIndex`` and ``migInstance`` name a device of one node:
-    without ``nodeName`` they are refused (every node has a GPU 0)."""
-    if spec.node_name is not None:
-        return
-    if spec.gpu_index >= 0:
-        raise InvalidTrigger("gpuIndex", str(spec.gpu_index), "needs nodeName on a cluster scaler")
-    if spec.mig_instance is not None:
-        raise InvalidTrigger(
-            "migInstance", str(spec.mig_instance), "needs nodeName on a cluster scaler"
-        )

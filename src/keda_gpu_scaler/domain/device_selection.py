@@ -8,7 +8,6 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from keda_gpu_scaler.domain.coverage import check_cluster_trigger
 from keda_gpu_scaler.domain.errors import NoData
 from keda_gpu_scaler.domain.node_parts import NodePart, is_instance
 from keda_gpu_scaler.domain.samples import DeviceKey, PodsReading
@@ -20,7 +19,7 @@ from keda_gpu_scaler.domain.snapshot import (
     Snapshot,
     by_index,
 )
-from keda_gpu_scaler.domain.trigger import TriggerSpec
+from keda_gpu_scaler.domain.trigger import TriggerSpec, check_cluster_trigger
 
 Group = tuple[str, tuple[DeviceKey, ...]]
 """A node and the keys of its selected devices, by NVML index."""

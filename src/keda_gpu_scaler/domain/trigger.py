@@ -10,7 +10,7 @@ endpoint-required checks, endpoint validation, the keys that choose an endpoint'
 ``minCoverage``.
 
 ``nodeName`` and ``minCoverage`` (this product's keys) matter on a cluster scaler, which
-sees every node (``domain.coverage``).
+sees every node (``domain.coverage`` decides what a partial view answers).
 
 ``windowSeconds`` and ``windowAggregation`` (this product's keys) turn each device's
 newest reading into a rolling window of its readings, combined per device before
@@ -44,11 +44,6 @@ import msgspec
 
 from keda_gpu_scaler.domain.aggregation import Aggregation
 from keda_gpu_scaler.domain.catalog import CATALOG, MetricType, Origin
-from keda_gpu_scaler.domain.coverage import (
-    DEFAULT_MIN_COVERAGE,
-    parse_min_coverage,
-    parse_node_name,
-)
 from keda_gpu_scaler.domain.endpoints import endpoint_refusal
 from keda_gpu_scaler.domain.engines import Discovery, EngineKind, EngineTarget
 from keda_gpu_scaler.domain.errors import InvalidTrigger
@@ -58,6 +53,7 @@ from keda_gpu_scaler.domain.profiles import PROFILES
 from keda_gpu_scaler.domain.selector import LabelSelector, parse_selector
 from keda_gpu_scaler.domain.trigger_keys import lookup, typo_warnings
 from keda_gpu_scaler.domain.trigger_values import (
+    DEFAULT_MIN_COVERAGE,
     MigSelector,
     parse_choice,
     parse_float,
@@ -66,6 +62,8 @@ from keda_gpu_scaler.domain.trigger_values import (
     parse_metric_name,
     parse_metric_prefix,
     parse_mig_instance,
+    parse_min_coverage,
+    parse_node_name,
     parse_target,
 )
 from keda_gpu_scaler.domain.windows import MAX_WINDOW_S, WindowAggregation
@@ -368,3 +366,16 @@ def _check_endpoints(spec: TriggerSpec) -> None:
     for key, _, url in endpoints:
         if url is not None and (reason := endpoint_refusal(url)) is not None:
             raise InvalidTrigger(key, url, reason)
+
+
+def check_cluster_trigger(spec: TriggerSpec) -> None:
+    """On a cluster scaler, ``gpuIndex`` and ``migInstance`` name a device of one node:
+    without ``nodeName`` they are refused (every node has a GPU 0)."""
+    if spec.node_name is not None:
+        return
+    if spec.gpu_index >= 0:
+        raise InvalidTrigger("gpuIndex", str(spec.gpu_index), "needs nodeName on a cluster scaler")
+    if spec.mig_instance is not None:
+        raise InvalidTrigger(
+            "migInstance", str(spec.mig_instance), "needs nodeName on a cluster scaler"
+        )

@@ -13,6 +13,7 @@ from typing import TypeVar
 import msgspec
 
 from keda_gpu_scaler.domain.errors import InvalidTrigger
+from keda_gpu_scaler.domain.names import is_node_name
 from keda_gpu_scaler.domain.samples import GpuReading
 
 _E = TypeVar("_E", bound=enum.StrEnum)
@@ -153,3 +154,24 @@ def parse_metric_prefix(key: str, raw: str) -> str:
         f"must be a Prometheus metric name prefix ([a-zA-Z_:][a-zA-Z0-9_:]*); for this value "
         f'Dynamo exports "{sanitized}_queued_requests": give "{sanitized}"',
     )
+
+
+DEFAULT_MIN_COVERAGE = 0.75
+"""``minCoverage`` when a trigger does not say: the share of its selected devices that must be
+fresh for a partial view to be answered (``domain.coverage``)."""
+_COVERAGE = re.compile(r"(?:\d+(?:\.\d*)?|\.\d+)")
+
+
+def parse_min_coverage(raw: str) -> float:
+    """``minCoverage``: a number in (0, 1]."""
+    value = float(raw) if _COVERAGE.fullmatch(raw) else math.nan
+    if not 0 < value <= 1:
+        raise InvalidTrigger("minCoverage", raw, "must be a number above 0 and at most 1")
+    return value
+
+
+def parse_node_name(raw: str) -> str:
+    """``nodeName``: a Kubernetes node name (RFC 1123 subdomain)."""
+    if not is_node_name(raw):
+        raise InvalidTrigger("nodeName", raw, "must be a node name (RFC 1123 subdomain)")
+    return raw

@@ -10,10 +10,9 @@ from __future__ import annotations
 import math
 from collections.abc import AsyncIterator
 
-from keda_gpu_scaler.domain.coverage import check_cluster_trigger
 from keda_gpu_scaler.domain.decision import TriggerKey
 from keda_gpu_scaler.domain.errors import NoData
-from keda_gpu_scaler.domain.trigger import TriggerSpec
+from keda_gpu_scaler.domain.trigger import TriggerSpec, check_cluster_trigger
 from keda_gpu_scaler.serving._proto.externalscaler import (
     ExternalScalerBase,
     GetMetricSpecResponse,

@@ -32,7 +32,7 @@ import anyio
 from anyio.abc import TaskStatus
 
 from keda_gpu_scaler.domain.errors import ScalerError
-from keda_gpu_scaler.domain.tls_files import (
+from keda_gpu_scaler.tls_files import (
     file_error,
     pem_text,
     read_pem,

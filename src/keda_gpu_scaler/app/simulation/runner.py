@@ -25,13 +25,15 @@ from keda_gpu_scaler.app.simulation.text import num
 from keda_gpu_scaler.domain.cooldown import CooldownEntry
 from keda_gpu_scaler.domain.decision import judge, measure
 from keda_gpu_scaler.domain.errors import InvalidTrigger, NoData
-from keda_gpu_scaler.domain.hpa import (
+from keda_gpu_scaler.domain.snapshot import EMPTY_SNAPSHOT, Snapshot
+from keda_gpu_scaler.domain.trigger import TriggerSpec
+from keda_gpu_scaler.models.hpa import (
     ExternalMetric,
     HpaState,
     TargetType,
     sync,
 )
-from keda_gpu_scaler.domain.kedaloop import (
+from keda_gpu_scaler.models.kedaloop import (
     HPA,
     KEDA,
     Answer,
@@ -44,9 +46,7 @@ from keda_gpu_scaler.domain.kedaloop import (
     schedule,
     to_milli,
 )
-from keda_gpu_scaler.domain.reach import unreachable_max
-from keda_gpu_scaler.domain.snapshot import EMPTY_SNAPSHOT, Snapshot
-from keda_gpu_scaler.domain.trigger import TriggerSpec
+from keda_gpu_scaler.models.reach import unreachable_max
 
 PUSH = "push"
 """A ``true`` of StreamIsActive that KEDA acted on."""

@@ -16,7 +16,8 @@ import msgspec
 
 from keda_gpu_scaler.app.simulation.inputs import BadInput, convert, read_yaml_documents
 from keda_gpu_scaler.domain.errors import InvalidTrigger
-from keda_gpu_scaler.domain.hpa import (
+from keda_gpu_scaler.domain.trigger import TriggerSpec, parse_trigger
+from keda_gpu_scaler.models.hpa import (
     Behavior,
     HpaSpec,
     PolicyType,
@@ -25,7 +26,7 @@ from keda_gpu_scaler.domain.hpa import (
     SelectPolicy,
     TargetType,
 )
-from keda_gpu_scaler.domain.kedaloop import (
+from keda_gpu_scaler.models.kedaloop import (
     DEFAULT_COOLDOWN_S,
     DEFAULT_MAX_REPLICAS,
     DEFAULT_POLLING_S,
@@ -33,7 +34,6 @@ from keda_gpu_scaler.domain.kedaloop import (
     FallbackBehavior,
     KedaSpec,
 )
-from keda_gpu_scaler.domain.trigger import TriggerSpec, parse_trigger
 
 _E = TypeVar("_E", PolicyType, SelectPolicy, TargetType, FallbackBehavior)
 _NonNegative = Annotated[int, msgspec.Meta(ge=0)]

@@ -41,7 +41,6 @@ from anyio.streams.memory import MemoryObjectSendStream
 from keda_gpu_scaler.domain.backoff import Backoff
 from keda_gpu_scaler.domain.errors import SourceFailure
 from keda_gpu_scaler.domain.samples import AgentTarget, Sample, SourceFault
-from keda_gpu_scaler.domain.tls_files import ssl_reason
 from keda_gpu_scaler.sources.agents.h2call import WatchCall
 from keda_gpu_scaler.sources.agents.h2wire import (
     CallAnswered,
@@ -52,6 +51,7 @@ from keda_gpu_scaler.sources.agents.h2wire import (
 )
 from keda_gpu_scaler.sources.agents.pump import Pump, Watchdog
 from keda_gpu_scaler.sources.agents.updates import BadUpdate, StreamReader, readings_source
+from keda_gpu_scaler.tls_files import ssl_reason
 
 log = logging.getLogger(__name__)
 

@@ -19,7 +19,7 @@ from pathlib import Path
 from ssl import SSLContext
 
 from keda_gpu_scaler.domain.errors import SourceUnavailable
-from keda_gpu_scaler.domain.tls_files import read_pem, refuse_password, ssl_reason
+from keda_gpu_scaler.tls_files import read_pem, refuse_password, ssl_reason
 
 __all__ = ["AgentTlsConfig", "AgentTlsConfigError", "build_agent_client_context"]
 

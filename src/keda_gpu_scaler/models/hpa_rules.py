@@ -1,7 +1,7 @@
 """What the HPA controller does with a recommendation: ``behavior``, stabilization, rate
 policies, and the older rule without ``behavior`` (kubernetes/kubernetes
 ``pkg/controller/podautoscaler/horizontal.go``; defaults from
-``pkg/apis/autoscaling/v2/defaults.go``). :mod:`keda_gpu_scaler.domain.hpa` runs them.
+``pkg/apis/autoscaling/v2/defaults.go``). :mod:`keda_gpu_scaler.models.hpa` runs them.
 
 - Without ``behavior``: ``stabilizeRecommendation`` (the highest recommendation of the last
   300 s) and ``convertDesiredReplicasWithRules`` (min, max, at most max(2 × current, 4)).

@@ -41,7 +41,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
-from keda_gpu_scaler.domain.hpa import SYNC_PERIOD_S, TargetType
+from keda_gpu_scaler.models.hpa import SYNC_PERIOD_S, TargetType
 
 DEFAULT_POLLING_S = 30
 DEFAULT_COOLDOWN_S = 300

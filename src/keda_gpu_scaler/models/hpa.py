@@ -15,7 +15,7 @@ those metrics, following kubernetes/kubernetes ``pkg/controller/podautoscaler``:
   "scaling disabled"; a count above max or below min is set to the bound at once;
   otherwise the proposals of every metric (``computeReplicasForMetrics``: the highest valid
   one; no change when every metric failed, or when one failed and the others ask for fewer
-  replicas) are normalized by the rules of :mod:`keda_gpu_scaler.domain.hpa_rules`: the older
+  replicas) are normalized by the rules of :mod:`keda_gpu_scaler.models.hpa_rules`: the older
   rule without ``behavior`` (what KEDA creates unless the ScaledObject sets one), or the
   ``behavior``'s stabilization windows and rate policies.
 
@@ -30,7 +30,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
-from keda_gpu_scaler.domain.hpa_rules import (
+from keda_gpu_scaler.models.hpa_rules import (
     DEFAULT_TOLERANCE,
     DOWNSCALE_STABILIZATION_S,
     SCALE_DOWN_DEFAULTS,
