@@ -130,8 +130,8 @@ def _serve_product(use_uvloop: bool) -> None:
 
     import anyio
 
-    from keda_gpu_scaler.app.compose import open_scaler
     from keda_gpu_scaler.app.logs import configure_logging
+    from keda_gpu_scaler.app.scaler.compose import open_scaler
     from keda_gpu_scaler.sources.fake import FakeGpuSource
 
     async def main() -> None:

@@ -249,7 +249,7 @@ async def _flip(flip: FlipSource, value: float) -> float:
 def _collector_as_serve_does() -> None:
     """What ``keda-gpu-scaler serve`` does to the garbage collector once it is up (a
     baseline may do less, or nothing)."""
-    from keda_gpu_scaler.app import compose
+    from keda_gpu_scaler.app.scaler import compose
 
     for name in ("tune_garbage_collector", "freeze_startup_objects"):
         tune = getattr(compose, name, None)
@@ -318,7 +318,7 @@ async def _floor() -> AsyncIterator[int]:
 @contextlib.asynccontextmanager
 async def _serving(source_name: str, flip: FlipSource | None) -> AsyncIterator[int]:
     """The scaler on ``source_name`` (or ``flip``), or a floor server; yields its port."""
-    from keda_gpu_scaler.app.compose import build_source, open_scaler
+    from keda_gpu_scaler.app.scaler.compose import build_source, open_scaler
 
     if source_name == "floor":
         async with _floor() as port:

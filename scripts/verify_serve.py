@@ -209,7 +209,7 @@ def main() -> int:
         [
             sys.executable,
             "-c",
-            "from keda_gpu_scaler.app.gpu_metrics import main; raise SystemExit(main())",
+            "from keda_gpu_scaler.app.gpu_metrics.command import main; raise SystemExit(main())",
             "--format",
             "jsonl",
             "--interval",
@@ -230,7 +230,7 @@ def main() -> int:
         [
             sys.executable,
             "-c",
-            "from keda_gpu_scaler.app.gpu_metrics import main; raise SystemExit(main())",
+            "from keda_gpu_scaler.app.gpu_metrics.command import main; raise SystemExit(main())",
             "--source",
             args.source,
         ],

@@ -11,7 +11,7 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from keda_gpu_scaler.app.compose import RunningScaler
+from keda_gpu_scaler.app.scaler.compose import RunningScaler
 from keda_gpu_scaler.sources.fake import FakeGpuSource
 from tests.grpcio_client import GrpcioModules, generate
 from tests.loopback import loopback_scaler

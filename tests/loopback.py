@@ -11,7 +11,7 @@ import anyio
 from anyio.abc import SocketListener, SocketStream, TaskGroup
 from anyio.streams.stapled import MultiListener
 
-from keda_gpu_scaler.app.compose import RunningScaler, open_scaler
+from keda_gpu_scaler.app.scaler.compose import RunningScaler, open_scaler
 from keda_gpu_scaler.pipeline.supervisor import Sampler
 
 

@@ -34,7 +34,7 @@ from keda_gpu_scaler._proto_agent.kedagpuscaler.v1 import (
     NodeUpdate,
     SourceFault,
 )
-from keda_gpu_scaler.app.compose import open_scaler
+from keda_gpu_scaler.app.scaler.compose import open_scaler
 from keda_gpu_scaler.domain.backoff import Backoff
 from keda_gpu_scaler.domain.samples import (
     AgentTarget,

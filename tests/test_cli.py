@@ -16,10 +16,12 @@ from typing import NoReturn
 import anyio
 import pytest
 
-from keda_gpu_scaler.app import cli, gpu_metrics, serve_flags
+from keda_gpu_scaler.app import cli
 from keda_gpu_scaler.app.cli import build_parser
-from keda_gpu_scaler.app.compose import RunningScaler
+from keda_gpu_scaler.app.gpu_metrics import command as gpu_metrics
 from keda_gpu_scaler.app.logs import JsonFormatter
+from keda_gpu_scaler.app.scaler import serve_flags
+from keda_gpu_scaler.app.scaler.compose import RunningScaler
 
 SERVE_FLAGS = {
     "--host": ("HOST", "::1", "host", "::1"),
@@ -322,7 +324,7 @@ def test_serving_freezes_start_up_objects_and_makes_collections_smaller_and_full
     # In a process of its own: the collector's settings are the whole process's.
     probe = (
         "import gc\n"
-        "from keda_gpu_scaler.app import compose\n"
+        "from keda_gpu_scaler.app.scaler import compose\n"
         "before = gc.get_threshold()\n"
         "compose.tune_garbage_collector()\n"
         "after = gc.get_threshold()\n"
@@ -392,7 +394,7 @@ NO_NVML = "NVML library libnvidia-ml.so.1 not found: NVML Shared Library Not Fou
 
 
 def _without_nvml(monkeypatch: pytest.MonkeyPatch) -> None:
-    from keda_gpu_scaler.app import compose
+    from keda_gpu_scaler.app.scaler import compose
     from keda_gpu_scaler.domain.errors import SourceUnavailable
 
     def unavailable(spec: str, **options: object) -> NoReturn:

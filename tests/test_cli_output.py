@@ -15,11 +15,11 @@ import pytest
 from grpclib.client import Channel
 from trio.testing import MockClock
 
-from keda_gpu_scaler.app.compose import RunningScaler
-from keda_gpu_scaler.app.demo import DemoTrigger, _poll
-from keda_gpu_scaler.app.gpu_output import FIELDS, Printer
+from keda_gpu_scaler.app.gpu_metrics.output import FIELDS, Printer
+from keda_gpu_scaler.app.gpu_metrics.record import show_progress
 from keda_gpu_scaler.app.logs import configure_logging
-from keda_gpu_scaler.app.record import show_progress
+from keda_gpu_scaler.app.scaler.compose import RunningScaler
+from keda_gpu_scaler.app.scaler.demo import DemoTrigger, _poll
 from keda_gpu_scaler.serving._proto.externalscaler import ExternalScalerStub
 from keda_gpu_scaler.sources.fake import FakeGpuSource
 

@@ -12,7 +12,7 @@ from statistics import mean
 import pytest
 
 from keda_gpu_scaler.app.cli import build_parser
-from keda_gpu_scaler.app.demo_cluster import gpus_used, run_cluster_demo
+from keda_gpu_scaler.app.scaler.demo_cluster import gpus_used, run_cluster_demo
 
 ROW = re.compile(
     r"^(?P<selector>app=\w+)\s+(?P<agg>max|avg)\s+(?P<value>\d+\.\d) %\s+80 %\s+"

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import yaml
 
-from keda_gpu_scaler.app.serve_flags import SERVE_FLAGS
+from keda_gpu_scaler.app.scaler.serve_flags import SERVE_FLAGS
 from keda_gpu_scaler.domain.catalog import MetricType
 from keda_gpu_scaler.domain.profiles import PROFILES
 from keda_gpu_scaler.domain.trigger_keys import TRIGGER_KEYS

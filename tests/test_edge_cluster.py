@@ -19,7 +19,7 @@ import grpc
 import pytest
 from anyio.abc import TaskGroup, TaskStatus
 
-from keda_gpu_scaler.app.compose import AgentsSource, RunningScaler, build_cluster_pods
+from keda_gpu_scaler.app.scaler.compose import AgentsSource, RunningScaler, build_cluster_pods
 from keda_gpu_scaler.domain.backoff import Backoff
 from keda_gpu_scaler.domain.samples import AgentTarget, DeviceKey, GpuReading
 from keda_gpu_scaler.pipeline.hub import SnapshotHub

@@ -22,7 +22,7 @@ from grpclib.client import Channel
 from grpclib.const import Status
 from grpclib.exceptions import GRPCError
 
-from keda_gpu_scaler.app.compose import AttributionOptions, RunningScaler, build_attribution
+from keda_gpu_scaler.app.scaler.compose import AttributionOptions, RunningScaler, build_attribution
 from keda_gpu_scaler.domain.samples import DeviceKey
 from keda_gpu_scaler.pipeline.supervisor import Sampler
 from keda_gpu_scaler.serving._proto.externalscaler import (

@@ -17,7 +17,7 @@ import httpx
 import pytest
 from anyio.abc import TaskGroup, TaskStatus
 
-from keda_gpu_scaler.app.compose import AgentsSource, RunningScaler
+from keda_gpu_scaler.app.scaler.compose import AgentsSource, RunningScaler
 from keda_gpu_scaler.domain.backoff import Backoff
 from keda_gpu_scaler.domain.decision import measure
 from keda_gpu_scaler.domain.samples import AgentTarget, DeviceKey

@@ -9,7 +9,7 @@ import anyio
 import grpc
 import pytest
 
-from keda_gpu_scaler.app.compose import RunningScaler
+from keda_gpu_scaler.app.scaler.compose import RunningScaler
 from tests.grpcio_client import GrpcioModules, open_streams, ref
 from tests.metadata_cases import BAD_METADATA
 

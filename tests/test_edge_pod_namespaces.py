@@ -18,7 +18,7 @@ import anyio
 import grpc
 import pytest
 
-from keda_gpu_scaler.app.compose import AgentsSource, RunningScaler, build_cluster_pods
+from keda_gpu_scaler.app.scaler.compose import AgentsSource, RunningScaler, build_cluster_pods
 from keda_gpu_scaler.domain.backoff import Backoff
 from keda_gpu_scaler.domain.samples import AgentTarget, PodsReading
 from keda_gpu_scaler.pipeline.podnamespaces import PodNamespaces

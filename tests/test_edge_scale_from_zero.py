@@ -14,7 +14,7 @@ from grpclib.client import Channel
 from grpclib.const import Status
 from grpclib.exceptions import GRPCError
 
-from keda_gpu_scaler.app.compose import EngineOptions, RunningScaler, open_scaler
+from keda_gpu_scaler.app.scaler.compose import EngineOptions, RunningScaler, open_scaler
 from keda_gpu_scaler.serving._proto.externalscaler import (
     ExternalScalerStub,
     GetMetricsRequest,

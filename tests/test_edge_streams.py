@@ -11,7 +11,7 @@ import h2.events
 import pytest
 from grpclib.client import Channel
 
-from keda_gpu_scaler.app.compose import RunningScaler
+from keda_gpu_scaler.app.scaler.compose import RunningScaler
 from keda_gpu_scaler.serving._proto.externalscaler import (
     ExternalScalerStub,
     GetMetricsRequest,

@@ -22,7 +22,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from keda_gpu_scaler.app.compose import AttributionOptions, RunningScaler, build_attribution
+from keda_gpu_scaler.app.scaler.compose import AttributionOptions, RunningScaler, build_attribution
 from keda_gpu_scaler.sources.nvml.backend import GpmMetric, Utilization
 from keda_gpu_scaler.sources.nvml.fake_backend import FakeNvml, enable_mig, h200_gpu, mig_instances
 from keda_gpu_scaler.sources.nvml.sampler import NvmlSampler

@@ -25,7 +25,8 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
-from keda_gpu_scaler.app import cli, serve
+from keda_gpu_scaler.app import cli
+from keda_gpu_scaler.app.scaler import serve
 
 pytestmark = pytest.mark.slow
 
@@ -57,7 +58,7 @@ def _gpu_metrics(*args: str, env: dict[str, str] | None = None) -> list[str]:
     return [
         sys.executable,
         "-c",
-        "from keda_gpu_scaler.app.gpu_metrics import main; raise SystemExit(main())",
+        "from keda_gpu_scaler.app.gpu_metrics.command import main; raise SystemExit(main())",
         *args,
     ]
 

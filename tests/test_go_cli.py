@@ -9,9 +9,10 @@ from datetime import datetime
 import pytest
 
 from keda_gpu_scaler import __version__
-from keda_gpu_scaler.app import gocli, gojson
-from keda_gpu_scaler.app import gpu_metrics as gm
+from keda_gpu_scaler.app import gocli
 from keda_gpu_scaler.app.cli import build_parser
+from keda_gpu_scaler.app.gpu_metrics import command as gm
+from keda_gpu_scaler.app.gpu_metrics import gojson
 
 
 @pytest.mark.parametrize(

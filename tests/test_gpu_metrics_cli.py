@@ -15,7 +15,7 @@ from pathlib import Path
 import anyio
 import pytest
 
-from keda_gpu_scaler.app.gpu_output import ATTRIBUTION_FIELDS, FIELDS, render_table
+from keda_gpu_scaler.app.gpu_metrics.output import ATTRIBUTION_FIELDS, FIELDS, render_table
 
 pytestmark = pytest.mark.slow
 
@@ -24,7 +24,7 @@ def _run(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedP
     command = [
         sys.executable,
         "-c",
-        "from keda_gpu_scaler.app.gpu_metrics import main; raise SystemExit(main())",
+        "from keda_gpu_scaler.app.gpu_metrics.command import main; raise SystemExit(main())",
         *args,
     ]
     full_env = {
@@ -129,7 +129,7 @@ def test_signal_ends_continuous_output_cleanly(signum: signal.Signals) -> None:
     command = [
         sys.executable,
         "-c",
-        "from keda_gpu_scaler.app.gpu_metrics import main; raise SystemExit(main())",
+        "from keda_gpu_scaler.app.gpu_metrics.command import main; raise SystemExit(main())",
         "--source",
         "replay",
         "--format",

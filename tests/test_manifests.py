@@ -23,7 +23,7 @@ from kubernetes_validate import utils as kubernetes_validate  # type: ignore[imp
 
 from keda_gpu_scaler import __version__
 from keda_gpu_scaler.app.cli import build_parser
-from keda_gpu_scaler.app.serve_flags import SERVE_FLAGS
+from keda_gpu_scaler.app.scaler.serve_flags import SERVE_FLAGS
 from keda_gpu_scaler.domain.catalog import CATALOG, MetricType, Origin
 from keda_gpu_scaler.domain.profiles import PROFILES
 from keda_gpu_scaler.domain.trigger import parse_trigger

@@ -15,8 +15,8 @@ from grpclib.health.v1.health_pb2 import HealthCheckRequest, HealthCheckResponse
 from prometheus_client.parser import text_string_to_metric_families
 
 from keda_gpu_scaler.app.cli import build_parser
-from keda_gpu_scaler.app.compose import RunningScaler
-from keda_gpu_scaler.app.serve_flags import pod_resources_socket
+from keda_gpu_scaler.app.scaler.compose import RunningScaler
+from keda_gpu_scaler.app.scaler.serve_flags import pod_resources_socket
 from keda_gpu_scaler.domain.snapshot import EMPTY_SNAPSHOT
 from keda_gpu_scaler.serving._proto.externalscaler import (
     ExternalScalerStub,

@@ -19,7 +19,7 @@ import anyio
 import pytest
 from anyio.streams.memory import MemoryObjectReceiveStream
 
-from keda_gpu_scaler.app.compose import build_cluster_pods
+from keda_gpu_scaler.app.scaler.compose import build_cluster_pods
 from keda_gpu_scaler.domain.backoff import Backoff
 from keda_gpu_scaler.domain.samples import PODS_SOURCE, PodsReading, Sample, SourceFault
 from keda_gpu_scaler.pipeline.podnamespaces import PodNamespaces

@@ -56,7 +56,7 @@ def _gpu_metrics(*args: str) -> subprocess.CompletedProcess[str]:
     command = [
         sys.executable,
         "-c",
-        "from keda_gpu_scaler.app.gpu_metrics import main; raise SystemExit(main())",
+        "from keda_gpu_scaler.app.gpu_metrics.command import main; raise SystemExit(main())",
         "--source",
         f"replay:{FOUR_GPUS}",
         *args,

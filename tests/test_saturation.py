@@ -8,11 +8,11 @@ from typing import Any
 
 import pytest
 
-from keda_gpu_scaler.app.simulate import Simulation
-from keda_gpu_scaler.app.simulation.feeds import LoadFeed, engine_share, gpu_share
-from keda_gpu_scaler.app.simulation.inputs import BadInput
-from keda_gpu_scaler.app.simulation.load import POWER_LIMIT_W, TOTAL_MIB, read_load
-from keda_gpu_scaler.app.simulation.runner import HPA
+from keda_gpu_scaler.app.simulate.command import Simulation
+from keda_gpu_scaler.app.simulate.feeds import LoadFeed, engine_share, gpu_share
+from keda_gpu_scaler.app.simulate.inputs import BadInput
+from keda_gpu_scaler.app.simulate.load import POWER_LIMIT_W, TOTAL_MIB, read_load
+from keda_gpu_scaler.app.simulate.runner import HPA
 from keda_gpu_scaler.domain.catalog import (
     CATALOG,
     QUEUES,

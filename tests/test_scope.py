@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from keda_gpu_scaler.app.scope import (
+from keda_gpu_scaler.app.gpu_metrics.scope import (
     Device,
     DeviceFilter,
     ScopeError,

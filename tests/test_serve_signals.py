@@ -19,8 +19,8 @@ import pytest
 from anyio.abc import TaskStatus
 from anyio.streams.memory import MemoryObjectSendStream
 
-from keda_gpu_scaler.app import compose, listen, serve
 from keda_gpu_scaler.app.cli import build_parser
+from keda_gpu_scaler.app.scaler import compose, listen, serve
 from keda_gpu_scaler.domain.samples import Sample
 from keda_gpu_scaler.sources.replay import ReplaySampler
 

@@ -17,16 +17,16 @@ import pytest
 import yaml
 
 from keda_gpu_scaler.app import cli
-from keda_gpu_scaler.app.simulate import Simulation, run_simulate, run_simulation
-from keda_gpu_scaler.app.simulation.feeds import (
+from keda_gpu_scaler.app.simulate.command import Simulation, run_simulate, run_simulation
+from keda_gpu_scaler.app.simulate.feeds import (
     LoadFeed,
     engine_share,
     gpu_share,
 )
-from keda_gpu_scaler.app.simulation.inputs import BadInput
-from keda_gpu_scaler.app.simulation.load import read_load
-from keda_gpu_scaler.app.simulation.png import encode_png
-from keda_gpu_scaler.app.simulation.runner import HPA, KEDA, PUSH
+from keda_gpu_scaler.app.simulate.inputs import BadInput
+from keda_gpu_scaler.app.simulate.load import read_load
+from keda_gpu_scaler.app.simulate.png import encode_png
+from keda_gpu_scaler.app.simulate.runner import HPA, KEDA, PUSH
 from keda_gpu_scaler.domain.aggregation import Aggregation
 from keda_gpu_scaler.domain.catalog import CATALOG, MetricType, Origin
 from keda_gpu_scaler.domain.engines import Discovery
@@ -754,7 +754,7 @@ def test_the_png_writer_encodes_pixels_row_by_row() -> None:
 def test_the_svg_is_xml_with_the_lines_and_the_legend(tmp_path: Path) -> None:
     result = simulate(tmp_path, scaled_object(), load(gpu_utilization=steady(60)))
     out = tmp_path / "plot.svg"
-    from keda_gpu_scaler.app.simulate import write_plot
+    from keda_gpu_scaler.app.simulate.command import write_plot
 
     write_plot(result.figure(), out)
     root = ET.parse(out).getroot()

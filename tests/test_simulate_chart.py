@@ -6,8 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from keda_gpu_scaler.app.simulate import Simulation
-from keda_gpu_scaler.app.simulation.chart import (
+from keda_gpu_scaler.app.simulate.chart import (
     ERROR_BAND,
     FALLBACK_BAND,
     Box,
@@ -15,7 +14,8 @@ from keda_gpu_scaler.app.simulation.chart import (
     Label,
     Line,
 )
-from keda_gpu_scaler.app.simulation.png import _GLYPHS, SCALE, _Canvas
+from keda_gpu_scaler.app.simulate.command import Simulation
+from keda_gpu_scaler.app.simulate.png import _GLYPHS, SCALE, _Canvas
 from tests.test_simulate import scaled_object, simulate
 
 

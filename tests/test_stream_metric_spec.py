@@ -20,7 +20,7 @@ from grpclib.exceptions import GRPCError
 from prometheus_client.parser import text_string_to_metric_families
 from trio.testing import MockClock
 
-from keda_gpu_scaler.app.compose import RunningScaler
+from keda_gpu_scaler.app.scaler.compose import RunningScaler
 from keda_gpu_scaler.serving._proto.externalscaler import (
     ExternalScalerStub,
     GetMetricSpecResponse,

@@ -14,8 +14,8 @@ import httpx
 import pytest
 from trio.testing import MockClock
 
-from keda_gpu_scaler.app.compose import RunningScaler
-from keda_gpu_scaler.app.tap_client import QUIET_WARNING_S, follow
+from keda_gpu_scaler.app.scaler.compose import RunningScaler
+from keda_gpu_scaler.app.scaler.tap_client import QUIET_WARNING_S, follow
 
 URL = "http://127.0.0.1:9/debug/tap"
 

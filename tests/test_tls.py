@@ -32,7 +32,7 @@ from grpclib.client import Channel
 from grpclib.const import Cardinality
 from trio.testing import MockClock
 
-from keda_gpu_scaler.app.compose import open_scaler
+from keda_gpu_scaler.app.scaler.compose import open_scaler
 from keda_gpu_scaler.domain.errors import ScalerError
 from keda_gpu_scaler.serving._proto.externalscaler import IsActiveResponse, ScaledObjectRef
 from keda_gpu_scaler.serving.tls import (

@@ -20,7 +20,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from trio.testing import MockClock
 
-from keda_gpu_scaler.app.compose import open_pipeline
+from keda_gpu_scaler.app.scaler.compose import open_pipeline
 from keda_gpu_scaler.domain.catalog import MetricType
 from keda_gpu_scaler.domain.decision import TriggerKey, decide, measure
 from keda_gpu_scaler.domain.engines import EngineKind, EngineSample, VllmReading

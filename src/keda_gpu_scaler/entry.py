@@ -19,19 +19,19 @@ EXIT_INTERRUPTED = 130
 
 _SCALER_MODULES = (
     "keda_gpu_scaler.app.cli",
-    "keda_gpu_scaler.app.compose",
-    "keda_gpu_scaler.app.demo",
-    "keda_gpu_scaler.app.serve",
-    "keda_gpu_scaler.app.simulate",
-    "keda_gpu_scaler.app.tap_client",
+    "keda_gpu_scaler.app.scaler.compose",
+    "keda_gpu_scaler.app.scaler.demo",
+    "keda_gpu_scaler.app.scaler.serve",
+    "keda_gpu_scaler.app.simulate.command",
+    "keda_gpu_scaler.app.scaler.tap_client",
     "keda_gpu_scaler.serving.tls",
     "keda_gpu_scaler.sources.kubelet",
     "keda_gpu_scaler.sources.nvml",
     "anyio._backends._asyncio",
 )
 _GPU_METRICS_MODULES = (
-    "keda_gpu_scaler.app.gpu_metrics",
-    "keda_gpu_scaler.app.compose",
+    "keda_gpu_scaler.app.gpu_metrics.command",
+    "keda_gpu_scaler.app.scaler.compose",
     "keda_gpu_scaler.sources.kubelet",
     "keda_gpu_scaler.sources.nvml",
     "anyio._backends._asyncio",

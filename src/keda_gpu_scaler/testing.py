@@ -14,7 +14,7 @@ from typing import Any, TypeVar
 
 import anyio
 
-from keda_gpu_scaler.app.compose import RunningPipeline, open_pipeline
+from keda_gpu_scaler.app.scaler.compose import RunningPipeline, open_pipeline
 from keda_gpu_scaler.domain.attribution import slices_unavailable_reason
 from keda_gpu_scaler.domain.decision import Measurement
 from keda_gpu_scaler.domain.decision import measure as real_measure

@@ -22,7 +22,7 @@ try:
     )
     from keda_gpu_scaler.app.exits import exit_status
     from keda_gpu_scaler.app.logs import configure_logging
-    from keda_gpu_scaler.app.serve_flags import SERVE_FLAGS
+    from keda_gpu_scaler.app.scaler.serve_flags import SERVE_FLAGS
 except KeyboardInterrupt:  # Ctrl-C while the command loads: quiet, like Ctrl-C later
     raise SystemExit(130) from None
 
@@ -133,11 +133,11 @@ def _run(args: argparse.Namespace) -> int:
     import anyio
 
     if args.command == "serve":
-        from keda_gpu_scaler.app.serve import run_serve
+        from keda_gpu_scaler.app.scaler.serve import run_serve
 
         return run_serve(args)
     if args.command == "tap":
-        from keda_gpu_scaler.app.tap_client import run_tap
+        from keda_gpu_scaler.app.scaler.tap_client import run_tap
 
         return run_tap(
             args.address,
@@ -147,7 +147,7 @@ def _run(args: argparse.Namespace) -> int:
             trigger=args.trigger,
         )
     if args.command == "simulate":
-        from keda_gpu_scaler.app.simulate import run_simulate
+        from keda_gpu_scaler.app.simulate.command import run_simulate
 
         return run_simulate(
             args.scaledobject,
@@ -159,11 +159,11 @@ def _run(args: argparse.Namespace) -> int:
             created_at=args.created_at,
         )
     if args.cluster:
-        from keda_gpu_scaler.app.demo_cluster import run_cluster_demo
+        from keda_gpu_scaler.app.scaler.demo_cluster import run_cluster_demo
 
         anyio.run(run_cluster_demo, args.duration, args.every, backend="asyncio")
         return 0
-    from keda_gpu_scaler.app.demo import run_demo
+    from keda_gpu_scaler.app.scaler.demo import run_demo
 
     anyio.run(run_demo, args.duration, args.every, backend="asyncio")
     return 0

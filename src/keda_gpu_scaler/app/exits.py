@@ -10,7 +10,7 @@ import os
 import sys
 from typing import TypeVar
 
-from keda_gpu_scaler.app.listen import ListenError
+from keda_gpu_scaler.app.scaler.listen import ListenError
 
 EXIT_USAGE = 2
 EXIT_INTERRUPTED = 130

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from keda_gpu_scaler.app.serve_flags import SERVE_FLAGS
+from keda_gpu_scaler.app.scaler.serve_flags import SERVE_FLAGS
 from keda_gpu_scaler.domain.aggregation import Aggregation
 from keda_gpu_scaler.domain.catalog import CATALOG, MetricType
 from keda_gpu_scaler.domain.profiles import PROFILES

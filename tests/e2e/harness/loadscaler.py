@@ -1,11 +1,11 @@
 """The product's server over a load that follows the real replica counts.
 
 ``python -m tests.e2e.harness.loadscaler CONFIG.json`` runs the scaler as ``serve`` runs it
-(``keda_gpu_scaler.app.compose.open_scaler``: the real pipeline, decider, stream registry and
+(``keda_gpu_scaler.app.scaler.compose.open_scaler``: the real pipeline, decider, stream registry and
 gRPC edge, its engine sampler and scraper) with a source this harness drives. Every second, on
 the grid of its own start (its t = 0), the source reads the ready replicas of each workload's
 Deployment from the API server and publishes one GPU per workload with what ``simulate``'s load
-model says that GPU reads then (``keda_gpu_scaler.app.simulation.feeds.gpu_reading``: a demand
+model says that GPU reads then (``keda_gpu_scaler.app.simulate.feeds.gpu_reading``: a demand
 shared by the ready replicas, capped at the metric's bound). An engine endpoint a trigger names
 is answered, through the scaler's own scraper (an ``httpx.MockTransport``: nothing leaves the
 process), with a vLLM page whose queue is ``engine_share`` of the same model at the instant of
@@ -39,9 +39,9 @@ import httpx
 from anyio.abc import TaskStatus
 from anyio.streams.memory import MemoryObjectSendStream
 
-from keda_gpu_scaler.app.compose import EngineOptions, open_scaler
-from keda_gpu_scaler.app.simulation.feeds import engine_share, gpu_reading
-from keda_gpu_scaler.app.simulation.load import Load, read_load
+from keda_gpu_scaler.app.scaler.compose import EngineOptions, open_scaler
+from keda_gpu_scaler.app.simulate.feeds import engine_share, gpu_reading
+from keda_gpu_scaler.app.simulate.load import Load, read_load
 from keda_gpu_scaler.domain.catalog import CATALOG, Origin
 from keda_gpu_scaler.domain.endpoints import IpAddress
 from keda_gpu_scaler.domain.engines import Discovery

@@ -3,7 +3,7 @@
 It checks the flags that only make sense together (the TLS files, the ports, a cluster
 scaler's agents), builds the source and the samplers, opens the scaler and serves until
 SIGTERM or SIGINT. Errors name the flag, or the variable its value came from
-(:func:`keda_gpu_scaler.app.serve_flags.named`).
+(:func:`keda_gpu_scaler.app.scaler.serve_flags.named`).
 
 Signals are never lost, whenever they come. From the first line of :func:`run_serve`, SIGINT
 only sets a flag (so asyncio's own SIGINT handling, which cancels the main task and relies on
@@ -28,8 +28,8 @@ from typing import TYPE_CHECKING
 import anyio
 from anyio import CancelScope
 
-from keda_gpu_scaler.app.listen import ListenError, check_listen
-from keda_gpu_scaler.app.serve_flags import named, pod_resources_socket
+from keda_gpu_scaler.app.scaler.listen import ListenError, check_listen
+from keda_gpu_scaler.app.scaler.serve_flags import named, pod_resources_socket
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator
@@ -122,7 +122,7 @@ def _cluster_sources(
 ) -> tuple[Sampler, list[Sampler], PodNamespaces]:
     """A cluster scaler: links to the node agents, and the pods of every node, of the
     namespaces ``--pod-namespaces`` says (which the decider is given too)."""
-    from keda_gpu_scaler.app.compose import build_agents_source, build_cluster_pods
+    from keda_gpu_scaler.app.scaler.compose import build_agents_source, build_cluster_pods
     from keda_gpu_scaler.domain.errors import SourceUnavailable
     from keda_gpu_scaler.pipeline.podnamespaces import PodNamespaces
     from keda_gpu_scaler.sources.agents import AgentTlsConfig
@@ -162,7 +162,7 @@ def _check_host_proc(args: argparse.Namespace) -> None:
 
 
 async def _serve(args: argparse.Namespace, held: _Held) -> int:
-    from keda_gpu_scaler.app.compose import (
+    from keda_gpu_scaler.app.scaler.compose import (
         AttributionOptions,
         EngineOptions,
         build_attribution,

@@ -20,7 +20,7 @@ from anyio.abc import TaskStatus
 from grpclib.client import Channel
 from grpclib.exceptions import GRPCError
 
-from keda_gpu_scaler.app.compose import AgentsSource, RunningScaler, open_scaler
+from keda_gpu_scaler.app.scaler.compose import AgentsSource, RunningScaler, open_scaler
 from keda_gpu_scaler.domain.errors import SourceUnavailable
 from keda_gpu_scaler.domain.samples import AgentTarget, DeviceHolder, PodInfo
 from keda_gpu_scaler.domain.snapshot import Snapshot

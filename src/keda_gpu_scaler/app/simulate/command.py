@@ -1,7 +1,7 @@
 """``keda-gpu-scaler simulate``: a ScaledObject through KEDA and the HPA, over a recorded
 trace or a synthetic load, in virtual time, with the scaler's real decision code.
 
-Everything is in ``app/simulation/``: the ScaledObject (``scaledobject``), the load format
+Everything is in ``app/simulate/``: the ScaledObject (``scaledobject``), the load format
 (``load``), the samples and the real fold (``feeds``), the loop (``runner``) over the pure
 models of ``models.kedaloop`` and ``models.hpa``, and the outputs (``report``, ``chart``,
 ``svg``, ``png``). See docs/simulate.md.
@@ -15,16 +15,22 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TextIO
 
-from keda_gpu_scaler.app.simulation.chart import Figure, Series, chart
-from keda_gpu_scaler.app.simulation.feeds import BUNDLED, Feed, LoadFeed, TraceFeed, read_trace
-from keda_gpu_scaler.app.simulation.inputs import BadInput
-from keda_gpu_scaler.app.simulation.load import Load, read_load
-from keda_gpu_scaler.app.simulation.png import to_png
-from keda_gpu_scaler.app.simulation.report import describe, to_json, to_table
-from keda_gpu_scaler.app.simulation.runner import Step, simulate, warnings
-from keda_gpu_scaler.app.simulation.scaledobject import Plan, read_scaled_object
-from keda_gpu_scaler.app.simulation.svg import to_svg
-from keda_gpu_scaler.app.simulation.text import num
+from keda_gpu_scaler.app.simulate.chart import Figure, Series, chart
+from keda_gpu_scaler.app.simulate.feeds import (
+    BUNDLED,
+    Feed,
+    LoadFeed,
+    TraceFeed,
+    read_trace,
+)
+from keda_gpu_scaler.app.simulate.inputs import BadInput
+from keda_gpu_scaler.app.simulate.load import Load, read_load
+from keda_gpu_scaler.app.simulate.png import to_png
+from keda_gpu_scaler.app.simulate.report import describe, to_json, to_table
+from keda_gpu_scaler.app.simulate.runner import Step, simulate, warnings
+from keda_gpu_scaler.app.simulate.scaledobject import Plan, read_scaled_object
+from keda_gpu_scaler.app.simulate.svg import to_svg
+from keda_gpu_scaler.app.simulate.text import num
 from keda_gpu_scaler.domain.catalog import CATALOG, Origin
 from keda_gpu_scaler.pipeline.hub import HistoryDemand
 

@@ -20,11 +20,12 @@ try:
     import msgspec
 
     from keda_gpu_scaler import __version__
-    from keda_gpu_scaler.app import gocli, gojson
+    from keda_gpu_scaler.app import gocli
     from keda_gpu_scaler.app.argtypes import OneLineParser, help_text, positive_int
     from keda_gpu_scaler.app.exits import EXIT_USAGE, exit_status, find_leaf
-    from keda_gpu_scaler.app.gpu_output import Printer, record
-    from keda_gpu_scaler.app.scope import (
+    from keda_gpu_scaler.app.gpu_metrics import gojson
+    from keda_gpu_scaler.app.gpu_metrics.output import Printer, record
+    from keda_gpu_scaler.app.gpu_metrics.scope import (
         Device,
         DeviceFilter,
         Environment,
@@ -33,7 +34,7 @@ try:
         gpu_scope,
         parse_device_list,
     )
-    from keda_gpu_scaler.app.serve_flags import DEFAULT_POD_RESOURCES_SOCKET
+    from keda_gpu_scaler.app.scaler.serve_flags import DEFAULT_POD_RESOURCES_SOCKET
     from keda_gpu_scaler.domain.attribution import attribute
     from keda_gpu_scaler.domain.snapshot import DeviceState, Snapshot
 
@@ -95,7 +96,11 @@ def _check_scope(snapshot: Snapshot, scope: DeviceFilter) -> None:
 
 
 async def _show(plan: Plan, source: Sampler, printer: Printer) -> None:
-    from keda_gpu_scaler.app.compose import AttributionOptions, build_attribution, open_pipeline
+    from keda_gpu_scaler.app.scaler.compose import (
+        AttributionOptions,
+        build_attribution,
+        open_pipeline,
+    )
     from keda_gpu_scaler.sources.kubelet import ResourceNames
 
     samplers = build_attribution(
@@ -239,7 +244,7 @@ def make_plan(args: argparse.Namespace, env: dict[str, str]) -> Plan:
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["record"]:
-        from keda_gpu_scaler.app.record import main as record_main
+        from keda_gpu_scaler.app.gpu_metrics.record import main as record_main
 
         return record_main(argv[1:])
     parser = build_parser()
@@ -269,7 +274,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _measure(plan: Plan, environment: dict[str, Any]) -> int:
-    from keda_gpu_scaler.app.compose import build_source
+    from keda_gpu_scaler.app.scaler.compose import build_source
 
     source = build_source(plan.source, interval_s=min(plan.interval_s or 1.0, 1.0))
     printer = Printer(

@@ -18,10 +18,10 @@ import math
 from collections.abc import Sequence, Set
 from dataclasses import dataclass, field
 
-from keda_gpu_scaler.app.simulation.feeds import Feed
-from keda_gpu_scaler.app.simulation.push import Judgement, PushStream
-from keda_gpu_scaler.app.simulation.scaledobject import Plan, Trigger
-from keda_gpu_scaler.app.simulation.text import num
+from keda_gpu_scaler.app.simulate.feeds import Feed
+from keda_gpu_scaler.app.simulate.push import Judgement, PushStream
+from keda_gpu_scaler.app.simulate.scaledobject import Plan, Trigger
+from keda_gpu_scaler.app.simulate.text import num
 from keda_gpu_scaler.domain.cooldown import CooldownEntry
 from keda_gpu_scaler.domain.decision import judge, measure
 from keda_gpu_scaler.domain.errors import InvalidTrigger, NoData

@@ -29,7 +29,7 @@ from typing import Annotated
 
 import msgspec
 
-from keda_gpu_scaler.app.simulation.inputs import BadInput, convert, read_yaml
+from keda_gpu_scaler.app.simulate.inputs import BadInput, convert, read_yaml
 from keda_gpu_scaler.domain.catalog import (
     CATALOG,
     QUEUES,

@@ -12,7 +12,7 @@ import math
 import struct
 import zlib
 
-from keda_gpu_scaler.app.simulation.chart import Box, Figure, Label, Line
+from keda_gpu_scaler.app.simulate.chart import Box, Figure, Label, Line
 
 _SIGNATURE = b"\x89PNG\r\n\x1a\n"
 _DASH = (6.0, 4.0)

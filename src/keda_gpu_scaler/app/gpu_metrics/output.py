@@ -13,7 +13,7 @@ from typing import Any
 
 import msgspec
 
-from keda_gpu_scaler.app import gojson
+from keda_gpu_scaler.app.gpu_metrics import gojson
 from keda_gpu_scaler.domain.catalog import CATALOG, Origin
 from keda_gpu_scaler.domain.samples import DeviceHolder
 from keda_gpu_scaler.domain.snapshot import DeviceState

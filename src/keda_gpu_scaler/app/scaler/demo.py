@@ -9,7 +9,7 @@ import anyio
 from grpclib.client import Channel
 from grpclib.exceptions import GRPCError
 
-from keda_gpu_scaler.app.compose import open_scaler
+from keda_gpu_scaler.app.scaler.compose import open_scaler
 from keda_gpu_scaler.domain.catalog import CATALOG, MetricType
 from keda_gpu_scaler.domain.profiles import PROFILES
 from keda_gpu_scaler.serving._proto.externalscaler import (

@@ -14,8 +14,8 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from keda_gpu_scaler.app.simulation.runner import HPA, Step
-from keda_gpu_scaler.app.simulation.text import num
+from keda_gpu_scaler.app.simulate.runner import HPA, Step
+from keda_gpu_scaler.app.simulate.text import num
 
 WIDTH = 960
 INK = "#222222"

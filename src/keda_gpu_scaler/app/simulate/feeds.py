@@ -15,8 +15,14 @@ from importlib import resources
 from pathlib import Path
 from typing import Any, Protocol
 
-from keda_gpu_scaler.app.simulation.inputs import BadInput
-from keda_gpu_scaler.app.simulation.load import POWER_LIMIT_W, TOTAL_MIB, Load, MetricLoad, bound
+from keda_gpu_scaler.app.simulate.inputs import BadInput
+from keda_gpu_scaler.app.simulate.load import (
+    POWER_LIMIT_W,
+    TOTAL_MIB,
+    Load,
+    MetricLoad,
+    bound,
+)
 from keda_gpu_scaler.domain.catalog import CATALOG, MetricType
 from keda_gpu_scaler.domain.engines import READING_TYPES, Discovery, EngineSample, EngineTarget
 from keda_gpu_scaler.domain.errors import SourceUnavailable

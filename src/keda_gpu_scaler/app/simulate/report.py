@@ -5,9 +5,9 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 
-from keda_gpu_scaler.app.simulation.runner import HPA, KEDA, PUSH, Step
-from keda_gpu_scaler.app.simulation.scaledobject import Plan, Trigger
-from keda_gpu_scaler.app.simulation.text import num
+from keda_gpu_scaler.app.simulate.runner import HPA, KEDA, PUSH, Step
+from keda_gpu_scaler.app.simulate.scaledobject import Plan, Trigger
+from keda_gpu_scaler.app.simulate.text import num
 from keda_gpu_scaler.models.hpa import DOWNSCALE_STABILIZATION_S, ScalingRules
 
 _WHO = {KEDA: "KEDA poll", HPA: "HPA sync", PUSH: "KEDA push"}

@@ -14,7 +14,7 @@ from typing import Annotated, Any, TypeVar
 
 import msgspec
 
-from keda_gpu_scaler.app.simulation.inputs import BadInput, convert, read_yaml_documents
+from keda_gpu_scaler.app.simulate.inputs import BadInput, convert, read_yaml_documents
 from keda_gpu_scaler.domain.errors import InvalidTrigger
 from keda_gpu_scaler.domain.trigger import TriggerSpec, parse_trigger
 from keda_gpu_scaler.models.hpa import (

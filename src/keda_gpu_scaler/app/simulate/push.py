@@ -13,7 +13,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from keda_gpu_scaler.app.simulation.scaledobject import Trigger
+from keda_gpu_scaler.app.simulate.scaledobject import Trigger
 from keda_gpu_scaler.serving.streams import StreamPacer, heartbeat_spread
 
 _UNJUDGED = object()

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from xml.sax.saxutils import escape, quoteattr
 
-from keda_gpu_scaler.app.simulation.chart import Box, Figure, Label, Line
+from keda_gpu_scaler.app.simulate.chart import Box, Figure, Label, Line
 
 
 def _n(value: float) -> str:

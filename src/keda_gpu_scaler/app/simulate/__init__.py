@@ -1,0 +1,1 @@
+"""`keda-gpu-scaler simulate`: a ScaledObject through KEDA and the HPA, in virtual time."""
